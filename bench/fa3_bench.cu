@@ -1,0 +1,236 @@
+// fa3-bench: forward throughput on the FlashAttention papers' sweep (16k tokens, hidden 2048,
+// head dim 64/128/256, causal off/on, seqlen 512..16k) or one shape from flags, plus the
+// FlashAttention-3 Table-2 style schedule ablation.  Median of CUDA-event timings after warm-up,
+// inputs rotated through several sets so that L2 does not flatter; standard-normal inputs.
+// TFLOP/s = 4*b*h*sq*sk*d / t (halved for causal).  Comparisons with cuDNN/FA2 live in compare.py.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fa3/fa3.h"
+#include "src/api/dispatch.h"
+#include "src/api/problem.h"
+
+namespace {
+
+#define CHECK_CUDA(call)                                                                      \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+// Standard normal values (Box-Muller over a per-element hash), written as bf16 or fp16.
+__device__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+__global__ void fill_normal(uint16_t* dst, size_t n, uint64_t seed, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u1 = (hash32(seed * 0x9E3779B97F4A7C15ull + 2 * i) + 1.f) * 2.3283064e-10f;
+    const float u2 = hash32(seed * 0x9E3779B97F4A7C15ull + 2 * i + 1) * 2.3283064e-10f;
+    const float z = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    uint16_t bits;
+    if (bf16) {
+      __nv_bfloat16 h = __float2bfloat16_rn(z);
+      std::memcpy(&bits, &h, 2);
+    } else {
+      __half h = __float2half_rn(z);
+      std::memcpy(&bits, &h, 2);
+    }
+    dst[i] = bits;
+  }
+}
+
+struct Options {
+  std::vector<int> hdims{64, 128, 256};
+  std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<int> causal{0, 1};
+  int tokens = 16384, hidden = 2048, batch = 0, heads = 0, heads_kv = 0;
+  fa3_dtype dtype = FA3_DTYPE_BF16;
+  int warmup = 5, iters = 20;
+  bool ablation = false;
+  std::string json;
+};
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    const char* c = std::strchr(p, ',');
+    if (!c) break;
+    p = c + 1;
+  }
+  return v;
+}
+
+void usage() {
+  std::puts(
+      "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
+      "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16] [--warmup 5] [--iters 20]\n"
+      "          [--ablation] [--json FILE]");
+}
+
+struct Result {
+  int hdim, causal, seqlen, batch, heads, heads_kv;
+  std::string kernel, schedule;
+  double ms, tflops;
+  std::string error;
+};
+
+// Times one shape: `sets` input sets in rotation, median over iters.
+Result run_shape(const Options& o, int d, int causal, int s, int b, int h, int hkv, int sched) {
+  Result r{d, causal, s, b, h, hkv, "", sched == 3 ? "full" : sched == 1 ? "no intra-WG overlap" : "no pingpong", 0, 0, ""};
+  const size_t q_elems = size_t(b) * s * h * d, kv_elems = size_t(b) * s * hkv * d;
+  const size_t set_bytes = (2 * q_elems + 2 * kv_elems) * 2;
+  const int sets = int(std::max<size_t>(2, (240ull << 20) / set_bytes + 1));  // > 4x the 60 MB L2
+  std::vector<void*> bufs;
+  std::vector<fa3::FwdArgs> args(sets);
+  for (int i = 0; i < sets; ++i) {
+    void *q, *k, *v, *out;
+    CHECK_CUDA(cudaMalloc(&q, q_elems * 2));
+    CHECK_CUDA(cudaMalloc(&k, kv_elems * 2));
+    CHECK_CUDA(cudaMalloc(&v, kv_elems * 2));
+    CHECK_CUDA(cudaMalloc(&out, q_elems * 2));
+    for (auto [p, n] : {std::pair{q, q_elems}, std::pair{k, kv_elems}, std::pair{v, kv_elems}})
+      fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(p), n, bufs.size() + 1, o.dtype == FA3_DTYPE_BF16);
+    CHECK_CUDA(cudaGetLastError());
+    bufs.insert(bufs.end(), {q, k, v, out});
+    auto& a = args[i];
+    a.dtype = a.out_dtype = o.dtype;
+    a.batch = b;
+    a.seqlen_q = a.seqlen_k = s;
+    a.heads_q = h;
+    a.heads_kv = hkv;
+    a.head_dim_qk = a.head_dim_v = d;
+    a.causal = causal;
+    a.q = fa3::bshd(q, s, h, d);
+    a.k = fa3::bshd(k, s, hkv, d);
+    a.v = fa3::bshd(v, s, hkv, d);
+    a.out = fa3::bshd(out, s, h, d);
+  }
+  const char* name = "?";
+  fa3::kernel_name(args[0], &name);
+  r.kernel = name;
+  auto launch = [&](const fa3::FwdArgs& a) {
+    if (sched == 3) return fa3::forward(a);
+    return fa3::detail::hopper_fwd_schedule(fa3::detail::make_problem(a), sched, nullptr);
+  };
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> times;
+  for (int it = 0; it < o.warmup + o.iters && r.error.empty(); ++it) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    const fa3::Status st = launch(args[it % sets]);
+    CHECK_CUDA(cudaEventRecord(e1));
+    if (!st.ok()) r.error = st.message();
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= o.warmup) times.push_back(ms);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  if (!times.empty()) {
+    std::sort(times.begin(), times.end());
+    r.ms = times[times.size() / 2];
+    const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
+    r.tflops = flops / (r.ms * 1e-3) / 1e12;
+  }
+  for (void* p : bufs) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return r;
+}
+
+void print(const Result& r) {
+  std::printf("%5d %7d %7d %6d %6d %6s  %-14s %-22s %9.3f %9.1f %s\n", r.hdim, r.causal, r.seqlen, r.batch, r.heads,
+              (std::to_string(r.heads_kv)).c_str(), r.kernel.c_str(), r.schedule.c_str(), r.ms, r.tflops,
+              r.error.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (a == "--hdim") o.hdims = parse_list(next());
+    else if (a == "--seqlen") o.seqlens = parse_list(next());
+    else if (a == "--causal") o.causal = parse_list(next());
+    else if (a == "--tokens") o.tokens = std::atoi(next());
+    else if (a == "--hidden") o.hidden = std::atoi(next());
+    else if (a == "--batch") o.batch = std::atoi(next());
+    else if (a == "--heads") o.heads = std::atoi(next());
+    else if (a == "--heads-kv") o.heads_kv = std::atoi(next());
+    else if (a == "--dtype") o.dtype = std::string(next()) == "fp16" ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+    else if (a == "--warmup") o.warmup = std::atoi(next());
+    else if (a == "--iters") o.iters = std::atoi(next());
+    else if (a == "--ablation") o.ablation = true;
+    else if (a == "--json") o.json = next();
+    else {
+      usage();
+      return a == "--help" || a == "-h" ? 0 : 1;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("fa3-bench on %s (%d SMs), dtype %s\n", prop.name, prop.multiProcessorCount, fa3::dtype_name(o.dtype));
+  std::printf("%5s %7s %7s %6s %6s %6s  %-14s %-22s %9s %9s\n", "hdim", "causal", "seqlen", "batch", "heads", "hkv",
+              "kernel", "schedule", "ms", "TFLOP/s");
+  std::vector<Result> results;
+  if (o.ablation) {  // FlashAttention-3 Table 2 shape
+    for (int sched : {3, 1, 2}) results.push_back(run_shape(o, 128, 0, 8448, 4, 16, 16, sched)), print(results.back());
+  } else {
+    for (int d : o.hdims)
+      for (int c : o.causal)
+        for (int s : o.seqlens) {
+          const int h = o.heads ? o.heads : o.hidden / d, b = o.batch ? o.batch : std::max(1, o.tokens / s);
+          results.push_back(run_shape(o, d, c, s, b, h, o.heads_kv ? o.heads_kv : h, 3));
+          print(results.back());
+        }
+  }
+  if (!o.json.empty()) {
+    FILE* f = std::fopen(o.json.c_str(), "w");
+    if (!f) {
+      std::perror(o.json.c_str());
+      return 1;
+    }
+    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"%s\", \"results\": [\n", prop.name, fa3::dtype_name(o.dtype));
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      std::fprintf(f,
+                   "  {\"hdim\": %d, \"causal\": %d, \"seqlen\": %d, \"batch\": %d, \"heads\": %d, \"heads_kv\": %d, "
+                   "\"kernel\": \"%s\", \"schedule\": \"%s\", \"ms\": %.5f, \"tflops\": %.2f, \"error\": \"%s\"}%s\n",
+                   r.hdim, r.causal, r.seqlen, r.batch, r.heads, r.heads_kv, r.kernel.c_str(), r.schedule.c_str(), r.ms,
+                   r.tflops, r.error.c_str(), i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  int failures = 0;
+  for (const auto& r : results) failures += !r.error.empty();
+  return failures ? 1 : 0;
+}

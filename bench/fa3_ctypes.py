@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""ctypes binding of fa3's C ABI (include/fa3/fa3_c.h).
+
+The structs below must mirror the header field for field: ctypes cannot read C headers, so `load()`
+compares their sizes with the ones compiled into the library and refuses to run on a mismatch
+(a silent mismatch would hand the kernels garbage strides).
+
+torch is imported lazily inside the tensor helpers, so that this module -- and `selftest()` -- work
+on a machine without torch or a GPU (CI).
+
+    python3 bench/fa3_ctypes.py --selftest [--lib PATH]
+"""
+import argparse
+import ctypes
+import os
+import sys
+from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint32, c_void_p
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_LIB = os.path.join(REPO_ROOT, "build", "release", "libfa3.so")
+
+# fa3_dtype
+FA3_DTYPE_FP16 = 0
+FA3_DTYPE_BF16 = 1
+FA3_DTYPE_E4M3 = 2
+FA3_DTYPE_FP32 = 3
+
+# fa3_status
+FA3_OK = 0
+FA3_ERROR_INVALID_ARGUMENT = 1
+FA3_ERROR_NOT_SUPPORTED = 2
+FA3_ERROR_CUDA = 3
+FA3_ERROR_INTERNAL = 4
+STATUS_NAMES = {
+    FA3_OK: "FA3_OK",
+    FA3_ERROR_INVALID_ARGUMENT: "FA3_ERROR_INVALID_ARGUMENT",
+    FA3_ERROR_NOT_SUPPORTED: "FA3_ERROR_NOT_SUPPORTED",
+    FA3_ERROR_CUDA: "FA3_ERROR_CUDA",
+    FA3_ERROR_INTERNAL: "FA3_ERROR_INTERNAL",
+}
+
+# C enums (fa3_dtype, fa3_status) are int-sized on every ABI fa3 targets.
+c_enum = c_int
+
+
+class Tensor(ctypes.Structure):
+    """fa3_tensor: a strided [batch, seqlen, heads, d] view; strides in elements."""
+    _fields_ = [
+        ("data", c_void_p),
+        ("batch_stride", c_int64),
+        ("row_stride", c_int64),
+        ("head_stride", c_int64),
+    ]
+
+
+class FwdParams(ctypes.Structure):
+    """fa3_fwd_params, in the header's field order."""
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("dtype", c_enum),
+        ("out_dtype", c_enum),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("seqlen_k", c_int32),
+        ("heads_q", c_int32),
+        ("heads_kv", c_int32),
+        ("head_dim_qk", c_int32),
+        ("head_dim_v", c_int32),
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Tensor),
+        ("out", Tensor),
+        ("lse", c_void_p),
+        ("softmax_scale", c_float),
+        ("causal", c_int32),
+        ("window_left", c_int32),
+        ("window_right", c_int32),
+        ("softcap", c_float),
+        ("cu_seqlens_q", c_void_p),
+        ("cu_seqlens_k", c_void_p),
+        ("seqused_q", c_void_p),
+        ("seqused_k", c_void_p),
+        ("page_table", c_void_p),
+        ("page_table_batch_stride", c_int64),
+        ("page_size", c_int32),
+        ("num_pages", c_int32),
+        ("q_descale", c_void_p),
+        ("k_descale", c_void_p),
+        ("v_descale", c_void_p),
+        ("descale_batch_stride", c_int64),
+        ("descale_head_stride", c_int64),
+        ("num_splits", c_int32),
+        ("workspace", c_void_p),
+        ("workspace_bytes", c_size_t),
+    ]
+
+
+class BwdParams(ctypes.Structure):
+    """fa3_bwd_params, in the header's field order."""
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("fwd", FwdParams),
+        ("dout", Tensor),
+        ("dq", Tensor),
+        ("dk", Tensor),
+        ("dv", Tensor),
+        ("deterministic", c_int32),
+        ("workspace", c_void_p),
+        ("workspace_bytes", c_size_t),
+    ]
+
+
+class Fa3Error(RuntimeError):
+    """A non-zero fa3_status, with the library's message (fa3_last_error) for that call."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.message = message
+        super().__init__(f"{STATUS_NAMES.get(code, 'status ' + str(code))}: {message}")
+
+
+def _declare(lib):
+    """Sets argtypes/restype for every exported call so that ctypes converts (and checks) arguments."""
+    fwd_p, bwd_p = POINTER(FwdParams), POINTER(BwdParams)
+    signatures = {
+        "fa3_fwd_params_init": ([fwd_p], None),
+        "fa3_bwd_params_init": ([bwd_p], None),
+        "fa3_fwd_validate": ([fwd_p], c_enum),
+        "fa3_fwd_workspace_size": ([fwd_p, POINTER(c_size_t)], c_enum),
+        "fa3_forward": ([fwd_p, c_void_p], c_enum),
+        "fa3_fwd_kernel_name": ([fwd_p, POINTER(c_char_p)], c_enum),
+        "fa3_bwd_validate": ([bwd_p], c_enum),
+        "fa3_bwd_workspace_size": ([bwd_p, POINTER(c_size_t)], c_enum),
+        "fa3_backward": ([bwd_p, c_void_p], c_enum),
+        "fa3_last_error": ([], c_char_p),
+        "fa3_fwd_params_size": ([], c_size_t),
+        "fa3_bwd_params_size": ([], c_size_t),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+
+
+def _check_sizes(lib):
+    """A struct that disagrees with the library's would corrupt every call: fail loudly instead."""
+    for cls, size_fn in ((FwdParams, lib.fa3_fwd_params_size), (BwdParams, lib.fa3_bwd_params_size)):
+        ours, theirs = ctypes.sizeof(cls), size_fn()
+        if ours != theirs:
+            raise RuntimeError(
+                f"fa3_ctypes: sizeof({cls.__name__}) is {ours} bytes here but {theirs} in {lib._name}; "
+                "bench/fa3_ctypes.py no longer mirrors include/fa3/fa3_c.h -- update its _fields_")
+
+
+def load(path=None):
+    """Opens libfa3.so (path, else $FA3_LIB, else build/release/libfa3.so) and checks the ABI."""
+    path = path or os.environ.get("FA3_LIB") or DEFAULT_LIB
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"fa3_ctypes: {path} not found; build fa3 (build/release) or pass --lib / set FA3_LIB")
+    lib = ctypes.CDLL(os.path.abspath(path))
+    _declare(lib)
+    _check_sizes(lib)
+    return lib
+
+
+def last_error(lib):
+    msg = lib.fa3_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(lib, status):
+    """Raises Fa3Error for a non-zero status; the message must be read right away (it is per call)."""
+    if status != FA3_OK:
+        raise Fa3Error(status, last_error(lib))
+
+
+def new_fwd_params(lib):
+    """A params struct with the library's defaults (struct_size, dtype bf16, windows -1)."""
+    p = FwdParams()
+    lib.fa3_fwd_params_init(byref(p))
+    return p
+
+
+def new_bwd_params(lib):
+    p = BwdParams()
+    lib.fa3_bwd_params_init(byref(p))
+    return p
+
+
+def kernel_name(lib, params):
+    """"hopper" or "reference-gpu": which implementation fa3_forward would run for params."""
+    name = c_char_p()
+    check(lib, lib.fa3_fwd_kernel_name(byref(params), byref(name)))
+    return name.value.decode()
+
+
+# ------------------------------------------------------------------------------------ torch ----
+
+def _dtype_code(dtype):
+    import torch
+    codes = {torch.float16: FA3_DTYPE_FP16, torch.bfloat16: FA3_DTYPE_BF16}
+    if hasattr(torch, "float8_e4m3fn"):  # older torch builds lack fp8
+        codes[torch.float8_e4m3fn] = FA3_DTYPE_E4M3
+    if dtype not in codes:
+        raise ValueError(f"fa3_ctypes: unsupported dtype {dtype} (fp16, bf16 or float8_e4m3fn)")
+    return codes[dtype]
+
+
+def tensor_view(t, name):
+    """fa3_tensor of a 4-D [b, s, h, d] torch tensor; any strides as long as d is contiguous."""
+    if t.dim() != 4:
+        raise ValueError(f"fa3_ctypes: {name} must be 4-D [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+    if t.stride(3) != 1 and t.shape[3] > 1:
+        raise ValueError(f"fa3_ctypes: {name} must have a contiguous last dim, got strides {t.stride()}")
+    return Tensor(t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
+
+
+def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
+    """Fills fa3_fwd_params from torch tensors in BSHD layout.
+
+    Shapes come from the tensors; the library validates them (and names the bad argument), so only
+    what is needed to read strides is checked here.  A workspace, when the library asks for one, is
+    allocated with torch and kept alive as an attribute of the returned struct.
+    """
+    import torch
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"fa3_ctypes: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    p = new_fwd_params(lib)
+    p.dtype = _dtype_code(q.dtype)
+    p.out_dtype = _dtype_code(out.dtype)
+    p.batch, p.seqlen_q, p.heads_q, p.head_dim_qk = q.shape
+    p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
+    p.head_dim_v = v.shape[3]
+    p.q, p.k, p.v, p.out = tensor_view(q, "q"), tensor_view(k, "k"), tensor_view(v, "v"), tensor_view(out, "out")
+    if lse is not None:
+        if lse.dtype != torch.float32 or not lse.is_contiguous():
+            raise ValueError("fa3_ctypes: lse must be a contiguous float32 tensor [batch, heads_q, seqlen_q]")
+        p.lse = lse.data_ptr()
+    p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)  # 0 = 1/sqrt(d) in the library
+    p.causal = int(bool(causal))
+    p.window_left, p.window_right = int(window[0]), int(window[1])
+    p.softcap = float(softcap)
+
+    nbytes = c_size_t(0)
+    check(lib, lib.fa3_fwd_workspace_size(byref(p), byref(nbytes)))
+    if nbytes.value:
+        ws = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), nbytes.value
+        p._workspace = ws  # ctypes holds a raw pointer only: keep the tensor alive with the struct
+    return p
+
+
+def stream_handle(stream, device=None):
+    """The cudaStream_t (as int) of None (torch's current stream), a torch stream, or a raw handle."""
+    import torch
+    if stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    if isinstance(stream, int):
+        return stream
+    return stream.cuda_stream
+
+
+def run_forward(lib, params, stream=None):
+    """fa3_forward on prepared params: the cheap call to time (no per-call Python setup)."""
+    check(lib, lib.fa3_forward(byref(params), c_void_p(stream_handle(stream))))
+
+
+def forward(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
+            stream=None):
+    """O = attention(q, k, v) into `out` (and `lse`), all [b, s, h, d] torch tensors; raises Fa3Error."""
+    p = fwd_params(lib, q, k, v, out, lse, causal, softmax_scale, window, softcap)
+    handle = stream_handle(stream, q.device)
+    ws = getattr(p, "_workspace", None)
+    if ws is not None and stream is not None:
+        import torch
+        # The workspace was allocated on the current stream; tell the allocator another stream uses it.
+        ws.record_stream(torch.cuda.ExternalStream(handle))
+    run_forward(lib, p, handle)
+    return p
+
+
+# --------------------------------------------------------------------------------- selftest ----
+
+def _fake_valid_params(lib):
+    """A valid bf16 problem (b=2, s=128, h=4, d=128) with fake, well-aligned device pointers:
+    validation never dereferences them."""
+    b, s, h, d = 2, 128, 4, 128
+    p = new_fwd_params(lib)
+    p.dtype = p.out_dtype = FA3_DTYPE_BF16
+    p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = b, s, s, h, h
+    p.head_dim_qk = p.head_dim_v = d
+    for i, name in enumerate(("q", "k", "v", "out")):
+        setattr(p, name, Tensor(0x100000 + i * 0x100000, s * h * d, h * d, d))
+    return p
+
+
+def selftest(lib):
+    """ABI checks that need neither torch nor a GPU. Returns (passed, failed)."""
+    results = []
+
+    def expect(name, cond, detail=""):
+        results.append(bool(cond))
+        print(f"  [{'ok' if cond else 'FAIL'}] {name}" + (f": {detail}" if detail and not cond else ""))
+
+    expect("sizeof(FwdParams) == fa3_fwd_params_size()", ctypes.sizeof(FwdParams) == lib.fa3_fwd_params_size(),
+           f"{ctypes.sizeof(FwdParams)} vs {lib.fa3_fwd_params_size()}")
+    expect("sizeof(BwdParams) == fa3_bwd_params_size()", ctypes.sizeof(BwdParams) == lib.fa3_bwd_params_size(),
+           f"{ctypes.sizeof(BwdParams)} vs {lib.fa3_bwd_params_size()}")
+
+    p = new_fwd_params(lib)
+    expect("fa3_fwd_params_init sets struct_size and unbounded windows",
+           p.struct_size == ctypes.sizeof(FwdParams) and p.window_left == -1 and p.window_right == -1,
+           f"struct_size={p.struct_size} window=({p.window_left}, {p.window_right})")
+
+    st = lib.fa3_fwd_validate(None)
+    msg = last_error(lib)
+    expect("fa3_fwd_validate(NULL) -> 1 with a message", st == FA3_ERROR_INVALID_ARGUMENT and msg,
+           f"status {st}, message {msg!r}")
+
+    st = lib.fa3_bwd_validate(None)
+    msg = last_error(lib)
+    expect("fa3_bwd_validate(NULL) -> 1 with a message", st == FA3_ERROR_INVALID_ARGUMENT and msg,
+           f"status {st}, message {msg!r}")
+
+    p = _fake_valid_params(lib)
+    p.batch = 0
+    st = lib.fa3_fwd_validate(byref(p))
+    msg = last_error(lib)
+    expect("batch=0 is rejected naming 'batch'", st != FA3_OK and "batch" in msg, f"status {st}, message {msg!r}")
+
+    p = _fake_valid_params(lib)
+    st = lib.fa3_fwd_validate(byref(p))
+    msg = last_error(lib)
+    expect("a valid problem validates OK (and clears the last error)", st == FA3_OK and msg == "",
+           f"status {st}, message {msg!r}")
+
+    try:
+        name = kernel_name(lib, p)
+        expect("fa3_fwd_kernel_name is 'hopper' or 'reference-gpu'", name in ("hopper", "reference-gpu"), name)
+    except Fa3Error as e:
+        expect("fa3_fwd_kernel_name is 'hopper' or 'reference-gpu'", False, str(e))
+
+    passed = sum(results)
+    return passed, len(results) - passed
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--selftest", action="store_true", help="run the ABI checks (no GPU or torch needed)")
+    ap.add_argument("--lib", default=None, help="path to libfa3.so (default: $FA3_LIB or build/release/libfa3.so)")
+    args = ap.parse_args(argv)
+    if not args.selftest:
+        ap.print_help()
+        return 0
+    try:
+        lib = load(args.lib)
+    except (OSError, RuntimeError) as e:  # missing library or struct mismatch: that is a failure too
+        print(f"fa3_ctypes selftest: cannot load the library: {e}")
+        print("fa3_ctypes selftest: 0 passed, 1 failed")
+        return 1
+    passed, failed = selftest(lib)
+    print(f"fa3_ctypes selftest: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+/* fa3: exact attention for NVIDIA Hopper (sm_90a).  Plain C ABI.
+ *
+ * Every call takes a parameter struct (initialise it with the matching *_init function so that
+ * later versions can add fields with safe defaults), validates it, and returns a status code.
+ * On failure, fa3_last_error() returns a message for the calling thread that names the argument
+ * and what was expected.  Nothing here allocates device memory or synchronises the stream.
+ *
+ * Layout conventions (as FlashAttention):
+ *   Q   [batch, seqlen_q, heads_q,  head_dim_qk]   ("BSHD"; last dim contiguous)
+ *   K   [batch, seqlen_k, heads_kv, head_dim_qk]
+ *   V   [batch, seqlen_k, heads_kv, head_dim_v]
+ *   O   [batch, seqlen_q, heads_q,  head_dim_v]
+ *   LSE [batch, heads_q, seqlen_q] float32, natural log (varlen: [heads_q, total_q])
+ * Strides are in elements.  Varlen (cu_seqlens_q set): Q/O rows are packed, row index =
+ * cu_seqlens_q[b] + i, batch_stride is ignored.  Paged KV (page_table set): K/V are
+ * [num_pages, page_size, heads_kv, d] and batch_stride is the stride between pages.
+ */
+#ifndef FA3_FA3_C_H_
+#define FA3_FA3_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FA3_API __declspec(dllexport)
+#else
+#define FA3_API __attribute__((visibility("default")))
+#endif
+
+/* cudaStream_t without requiring the CUDA headers (ABI-identical: a pointer to an opaque struct). */
+typedef struct CUstream_st* fa3_stream_t;
+
+#define FA3_VERSION_MAJOR 0
+#define FA3_VERSION_MINOR 1
+
+typedef enum fa3_dtype {
+  FA3_DTYPE_FP16 = 0,
+  FA3_DTYPE_BF16 = 1,
+  FA3_DTYPE_E4M3 = 2, /* float8 e4m3fn: Q/K/V of the FP8 forward; the output is bf16 */
+  FA3_DTYPE_FP32 = 3  /* accumulators only (dQ accumulation in the backward) */
+} fa3_dtype;
+
+typedef enum fa3_status {
+  FA3_OK = 0,
+  FA3_ERROR_INVALID_ARGUMENT = 1, /* the message names the argument and what was expected */
+  FA3_ERROR_NOT_SUPPORTED = 2,    /* valid, but not implemented (yet) for this combination */
+  FA3_ERROR_CUDA = 3,             /* a CUDA runtime/driver call failed; the message has the call */
+  FA3_ERROR_INTERNAL = 4
+} fa3_status;
+
+/* A strided view of one 4-D attention tensor; the last (head-dim) stride is 1. */
+typedef struct fa3_tensor {
+  void* data;
+  int64_t batch_stride; /* elements between batches (varlen: ignored; paged KV: between pages) */
+  int64_t row_stride;   /* elements between consecutive sequence positions */
+  int64_t head_stride;  /* elements between heads */
+} fa3_tensor;
+
+/* Forward: O = softmax(scale * Q K^T + mask) V, optionally LSE. */
+typedef struct fa3_fwd_params {
+  uint32_t struct_size; /* set by fa3_fwd_params_init: sizeof(fa3_fwd_params) */
+
+  fa3_dtype dtype;     /* of Q, K, V */
+  fa3_dtype out_dtype; /* of O: equal to dtype for fp16/bf16, bf16 for e4m3 */
+  int32_t batch;
+  int32_t seqlen_q; /* varlen: the maximum query length over the batch */
+  int32_t seqlen_k; /* varlen: the maximum key length; paged: the longest sequence of keys */
+  int32_t heads_q;
+  int32_t heads_kv; /* heads_q % heads_kv == 0 (GQA / MQA) */
+  int32_t head_dim_qk;
+  int32_t head_dim_v;
+
+  fa3_tensor q, k, v, out;
+  float* lse; /* optional (NULL): float32 log-sum-exp per query row, contiguous */
+
+  float softmax_scale; /* 0 selects the default 1/sqrt(head_dim_qk) */
+  int32_t causal;      /* bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q */
+  int32_t window_left; /* sliding window: keys j >= i + seqlen_k - seqlen_q - window_left; -1 = unbounded */
+  int32_t window_right; /* keys j <= i + seqlen_k - seqlen_q + window_right; -1 = unbounded (causal: 0) */
+  float softcap;        /* 0 = off, else scores s -> softcap * tanh(s / softcap) */
+
+  /* Variable-length batches (NULL = fixed length). int32 device arrays of batch+1 / batch entries. */
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  const int32_t* seqused_q; /* optional: only the first seqused_q[b] queries of batch b are used */
+  const int32_t* seqused_k; /* optional: only the first seqused_k[b] keys of batch b are used */
+
+  /* Paged KV cache (NULL = contiguous K/V). page_table: int32 [batch, max_pages_per_seq]. */
+  const int32_t* page_table;
+  int64_t page_table_batch_stride;
+  int32_t page_size;
+  int32_t num_pages;
+
+  /* FP8 descale factors: float32 [batch, heads_kv] with the strides below (NULL = 1). */
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t descale_batch_stride;
+  int64_t descale_head_stride;
+
+  int32_t num_splits; /* split-KV: 0 = choose automatically, 1 = no split */
+  void* workspace;    /* device scratch of fa3_fwd_workspace_size() bytes (may be NULL when that is 0) */
+  size_t workspace_bytes;
+} fa3_fwd_params;
+
+/* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
+typedef struct fa3_bwd_params {
+  uint32_t struct_size;
+  fa3_fwd_params fwd; /* the forward's arguments: q, k, v, out (= O), lse (required), masks, ... */
+  fa3_tensor dout;    /* dO, layout of O */
+  fa3_tensor dq, dk, dv;
+  int32_t deterministic; /* 1: bitwise reproducible dQ/dK/dV accumulation order */
+  void* workspace;
+  size_t workspace_bytes;
+} fa3_bwd_params;
+
+FA3_API void fa3_fwd_params_init(fa3_fwd_params* params);
+FA3_API void fa3_bwd_params_init(fa3_bwd_params* params);
+
+/* Validation only (no CUDA call): FA3_OK when fa3_forward would accept the arguments. */
+FA3_API fa3_status fa3_fwd_validate(const fa3_fwd_params* params);
+FA3_API fa3_status fa3_fwd_workspace_size(const fa3_fwd_params* params, size_t* bytes);
+FA3_API fa3_status fa3_forward(const fa3_fwd_params* params, fa3_stream_t stream);
+
+/* Which implementation fa3_forward would run for these arguments: "hopper" (the warp-specialised
+ * TMA/wgmma kernel) or "reference-gpu" (the simple fp32 kernel that covers every feature). */
+FA3_API fa3_status fa3_fwd_kernel_name(const fa3_fwd_params* params, const char** name);
+
+FA3_API fa3_status fa3_bwd_validate(const fa3_bwd_params* params);
+FA3_API fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* params, size_t* bytes);
+FA3_API fa3_status fa3_backward(const fa3_bwd_params* params, fa3_stream_t stream);
+
+/* The message of the last failed call on this thread ("" after a successful call). */
+FA3_API const char* fa3_last_error(void);
+
+/* sizeof(fa3_fwd_params) / sizeof(fa3_bwd_params) as compiled into the library (binding checks). */
+FA3_API size_t fa3_fwd_params_size(void);
+FA3_API size_t fa3_bwd_params_size(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FA3_FA3_C_H_ */

@@ -1,0 +1,152 @@
+// The public calls: validate, check the device, pick an implementation, launch.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "src/api/dispatch.h"
+#include "src/api/problem.h"
+#include "src/api/status.h"
+#include "src/api/validate.h"
+
+namespace fa3 {
+namespace detail {
+namespace {
+
+// fa3 is built for sm_90a only: any other device would fail at launch with a less helpful message.
+Status check_device() {
+  int dev = 0;
+  FA3_CUDA_TRY(cudaGetDevice(&dev));
+  int major = 0, minor = 0;
+  FA3_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FA3_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0)
+    return not_supported("fa3 runs on Hopper GPUs (compute capability 9.0); the current device " + std::to_string(dev) +
+                         " is " + std::to_string(major) + "." + std::to_string(minor));
+  return ok();
+}
+
+// A host pointer passed as a device tensor would fault inside the kernel: say so up front.
+Status check_device_pointer(const void* ptr, const char* name) {
+  if (ptr == nullptr) return ok();
+  cudaPointerAttributes attr{};
+  FA3_CUDA_TRY(cudaPointerGetAttributes(&attr, ptr));
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+    return invalid(std::string(name) + " must point to device memory (got a host or unregistered pointer)");
+  return ok();
+}
+
+Status check_fwd_pointers(const fa3_fwd_params& p) {
+  const std::pair<const void*, const char*> ptrs[] = {
+      {p.q.data, "q.data"},         {p.k.data, "k.data"},           {p.v.data, "v.data"},
+      {p.out.data, "out.data"},     {p.lse, "lse"},                 {p.cu_seqlens_q, "cu_seqlens_q"},
+      {p.cu_seqlens_k, "cu_seqlens_k"}, {p.seqused_q, "seqused_q"}, {p.seqused_k, "seqused_k"},
+      {p.page_table, "page_table"}, {p.q_descale, "q_descale"},     {p.k_descale, "k_descale"},
+      {p.v_descale, "v_descale"},   {p.workspace, "workspace"}};
+  for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
+  return ok();
+}
+
+Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream) {
+  FA3_TRY(validate_fwd(p));
+  FA3_TRY(check_device());
+  FA3_TRY(check_fwd_pointers(*p));
+  const FwdProblem f = make_problem(*p);
+  if (hopper_fwd_unsupported_reason(f) == nullptr) return hopper_fwd(f, stream);
+  return oracle_fwd(f, stream);
+}
+
+Status kernel_name_impl(const fa3_fwd_params* p, const char** name) {
+  if (name == nullptr) return invalid("name must not be NULL");
+  FA3_TRY(validate_fwd(p));
+  *name = hopper_fwd_unsupported_reason(make_problem(*p)) == nullptr ? "hopper" : "reference-gpu";
+  return ok();
+}
+
+Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
+  if (bytes == nullptr) return invalid("bytes must not be NULL");
+  FA3_TRY(validate_fwd(p));
+  *bytes = 0;  // no forward path needs scratch memory yet (split-KV will)
+  return ok();
+}
+
+Status backward_impl(const fa3_bwd_params* p) {
+  FA3_TRY(validate_bwd(p));
+  return not_supported("the GPU backward (fa3_backward); reference/ computes it on the CPU");
+}
+
+Status bwd_workspace_impl(const fa3_bwd_params* p, size_t* bytes) {
+  if (bytes == nullptr) return invalid("bytes must not be NULL");
+  FA3_TRY(validate_bwd(p));
+  *bytes = 0;
+  return ok();
+}
+
+fa3_status remember(const Status& st) {
+  set_last_error(st);
+  return st.code();
+}
+
+}  // namespace
+}  // namespace detail
+
+Status forward(const FwdArgs& args, CUstream_st* stream) { return detail::forward_impl(&args, stream); }
+Status validate(const FwdArgs& args) { return detail::validate_fwd(&args); }
+Status workspace_size(const FwdArgs& args, size_t* bytes) { return detail::fwd_workspace_impl(&args, bytes); }
+Status kernel_name(const FwdArgs& args, const char** name) { return detail::kernel_name_impl(&args, name); }
+Status backward(const BwdArgs& args, CUstream_st*) { return detail::backward_impl(&args); }
+Status validate(const BwdArgs& args) { return detail::validate_bwd(&args); }
+Status workspace_size(const BwdArgs& args, size_t* bytes) { return detail::bwd_workspace_impl(&args, bytes); }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case FA3_DTYPE_FP16: return "fp16";
+    case FA3_DTYPE_BF16: return "bf16";
+    case FA3_DTYPE_E4M3: return "e4m3";
+    case FA3_DTYPE_FP32: return "fp32";
+  }
+  return "unknown";
+}
+
+}  // namespace fa3
+
+// ---------------------------------------------------------------- C ABI ----
+using fa3::detail::remember;
+
+extern "C" {
+
+void fa3_fwd_params_init(fa3_fwd_params* p) {
+  if (p == nullptr) return;
+  *p = fa3_fwd_params{};
+  p->struct_size = sizeof(fa3_fwd_params);
+  p->dtype = FA3_DTYPE_BF16;
+  p->out_dtype = FA3_DTYPE_BF16;
+  p->window_left = -1;
+  p->window_right = -1;
+}
+
+void fa3_bwd_params_init(fa3_bwd_params* p) {
+  if (p == nullptr) return;
+  *p = fa3_bwd_params{};
+  p->struct_size = sizeof(fa3_bwd_params);
+  fa3_fwd_params_init(&p->fwd);
+}
+
+fa3_status fa3_fwd_validate(const fa3_fwd_params* p) { return remember(fa3::detail::validate_fwd(p)); }
+fa3_status fa3_fwd_workspace_size(const fa3_fwd_params* p, size_t* bytes) {
+  return remember(fa3::detail::fwd_workspace_impl(p, bytes));
+}
+fa3_status fa3_forward(const fa3_fwd_params* p, fa3_stream_t stream) {
+  return remember(fa3::detail::forward_impl(p, stream));
+}
+fa3_status fa3_fwd_kernel_name(const fa3_fwd_params* p, const char** name) {
+  return remember(fa3::detail::kernel_name_impl(p, name));
+}
+fa3_status fa3_bwd_validate(const fa3_bwd_params* p) { return remember(fa3::detail::validate_bwd(p)); }
+fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* p, size_t* bytes) {
+  return remember(fa3::detail::bwd_workspace_impl(p, bytes));
+}
+fa3_status fa3_backward(const fa3_bwd_params* p, fa3_stream_t) { return remember(fa3::detail::backward_impl(p)); }
+size_t fa3_fwd_params_size(void) { return sizeof(fa3_fwd_params); }
+size_t fa3_bwd_params_size(void) { return sizeof(fa3_bwd_params); }
+
+}  // extern "C"

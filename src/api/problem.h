@@ -1,0 +1,31 @@
+// The forward's arguments after validation, with defaults resolved: what every kernel launch reads.
+#pragma once
+#include <cmath>
+
+#include "fa3/fa3_c.h"
+
+namespace fa3::detail {
+
+struct FwdProblem {
+  const fa3_fwd_params* p = nullptr;
+  float scale = 0.f;       // softmax scale, default 1/sqrt(head_dim_qk) resolved
+  int window_left = -1;    // -1: unbounded
+  int window_right = -1;   // -1: unbounded; causal sets 0
+  bool varlen_q = false, varlen_k = false, paged = false;
+
+  bool has_mask() const { return window_left >= 0 || window_right >= 0; }
+};
+
+inline FwdProblem make_problem(const fa3_fwd_params& p) {
+  FwdProblem f;
+  f.p = &p;
+  f.scale = p.softmax_scale != 0.f ? p.softmax_scale : 1.f / std::sqrt(static_cast<float>(p.head_dim_qk));
+  f.window_left = p.window_left;
+  f.window_right = p.causal ? 0 : p.window_right;
+  f.varlen_q = p.cu_seqlens_q != nullptr || p.seqused_q != nullptr;
+  f.varlen_k = p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+  f.paged = p.page_table != nullptr;
+  return f;
+}
+
+}  // namespace fa3::detail

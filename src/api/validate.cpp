@@ -1,0 +1,323 @@
+// Argument checks of the public calls.  Pure host code with no CUDA call, so that a caller (and the
+// tests) can validate on a machine without a GPU.  Every check returns the first failure; its
+// message names the field as spelled in fa3_c.h, says what was expected and what was given.
+#include "src/api/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "src/api/status.h"
+
+namespace fa3::detail {
+namespace {
+
+using std::to_string;
+
+// TMA copies need 16-byte-aligned base addresses and 16-byte-multiple strides.
+constexpr int64_t kTmaBytes = 16;
+constexpr int kMaxHeadDim = 256;
+
+std::string hex(const void* ptr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr)));
+  return buf;
+}
+
+// %g keeps "nan" / "inf" / "0.5" readable where std::to_string would print "0.500000".
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+int64_t element_bytes(fa3_dtype d) {
+  switch (d) {
+    case FA3_DTYPE_E4M3: return 1;
+    case FA3_DTYPE_FP32: return 4;
+    default: return 2;
+  }
+}
+
+// stride * extent, clamped so that absurd strides cannot wrap around into a passing comparison.
+int64_t span(int64_t stride, int64_t extent) {
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  return stride > max / extent ? max : stride * extent;
+}
+
+Status check_struct_size(uint32_t got, size_t want, const char* init) {
+  if (got == want) return ok();
+  return invalid("struct_size must be " + to_string(want) + " (initialise the struct with " + init + "); got " +
+                 to_string(got));
+}
+
+// Only the 16-bit types and e4m3 are input types; fp32 exists for accumulators.
+Status check_dtypes(const fa3_fwd_params& p) {
+  if (p.dtype != FA3_DTYPE_FP16 && p.dtype != FA3_DTYPE_BF16 && p.dtype != FA3_DTYPE_E4M3)
+    return invalid("dtype must be FA3_DTYPE_FP16, FA3_DTYPE_BF16 or FA3_DTYPE_E4M3; got " +
+                   std::string(dtype_name(p.dtype)) + " (" + to_string(static_cast<int>(p.dtype)) + ")");
+  // The FP8 forward writes bf16: an fp8 output would lose most of O's precision.
+  const fa3_dtype want = p.dtype == FA3_DTYPE_E4M3 ? FA3_DTYPE_BF16 : p.dtype;
+  if (p.out_dtype != want)
+    return invalid("out_dtype must be " + std::string(dtype_name(want)) + " for dtype " + dtype_name(p.dtype) +
+                   "; got " + dtype_name(p.out_dtype) + " (" + to_string(static_cast<int>(p.out_dtype)) + ")");
+  return ok();
+}
+
+Status check_positive(const char* name, int64_t value) {
+  if (value >= 1) return ok();
+  return invalid(std::string(name) + " must be >= 1; got " + to_string(value));
+}
+
+Status check_sizes(const fa3_fwd_params& p) {
+  FA3_TRY(check_positive("batch", p.batch));
+  FA3_TRY(check_positive("seqlen_q", p.seqlen_q));
+  FA3_TRY(check_positive("seqlen_k", p.seqlen_k));
+  FA3_TRY(check_positive("heads_q", p.heads_q));
+  FA3_TRY(check_positive("heads_kv", p.heads_kv));
+  // Each key/value head serves a whole group of query heads (GQA; MQA when heads_kv == 1).
+  if (p.heads_q % p.heads_kv != 0)
+    return invalid("heads_q must be a multiple of heads_kv (GQA/MQA); got heads_q " + to_string(p.heads_q) +
+                   ", heads_kv " + to_string(p.heads_kv));
+  return ok();
+}
+
+// A head-dim row is one TMA box row, so it must span a multiple of 16 bytes.
+Status check_head_dim(const char* name, int32_t d, fa3_dtype dtype) {
+  const int64_t multiple = kTmaBytes / element_bytes(dtype);
+  if (d >= 8 && d <= kMaxHeadDim && d % multiple == 0) return ok();
+  return invalid(std::string(name) + " must be a multiple of " + to_string(multiple) + " in [8, " +
+                 to_string(kMaxHeadDim) + "] for dtype " + dtype_name(dtype) + "; got " + to_string(d));
+}
+
+// ---------------------------------------------------------------- tensors ----
+
+// One 4-D tensor argument as the checks see it: logical shape [batch, seqlen, heads, head_dim].
+struct TensorSpec {
+  const char* name;  // "q", "dk", ...: prefixes every field name in messages
+  fa3_dtype dtype;
+  bool packed;  // varlen rows (cu_seqlens set): batch_stride is ignored
+  int64_t batch, seqlen, heads, head_dim;
+  const char* seqlen_name;  // extent names for the overlap message: "seqlen_q", "heads_kv", ...
+  const char* heads_name;
+  const char* head_dim_name;
+};
+
+std::string field(const TensorSpec& s, const char* f) { return std::string(s.name) + "." + f; }
+
+Status check_data(const fa3_tensor& t, const TensorSpec& s) {
+  if (t.data == nullptr) return invalid(field(s, "data") + " must not be NULL");
+  if (!aligned(t.data, kTmaBytes))
+    return invalid(field(s, "data") + " must be 16-byte aligned (TMA); got " + hex(t.data));
+  return ok();
+}
+
+Status check_stride(const TensorSpec& s, const char* f, int64_t stride) {
+  if (stride < 0) return invalid(field(s, f) + " must be >= 0; got " + to_string(stride));
+  const int64_t multiple = kTmaBytes / element_bytes(s.dtype);
+  if (stride % multiple != 0)
+    return invalid(field(s, f) + " must be a multiple of " + to_string(multiple) + " elements (16 bytes of " +
+                   dtype_name(s.dtype) + ", for TMA); got " + to_string(stride));
+  return ok();
+}
+
+Status check_strides(const fa3_tensor& t, const TensorSpec& s) {
+  FA3_TRY(check_stride(s, "row_stride", t.row_stride));
+  FA3_TRY(check_stride(s, "head_stride", t.head_stride));
+  if (!s.packed) FA3_TRY(check_stride(s, "batch_stride", t.batch_stride));
+  return ok();
+}
+
+// Outputs must not alias themselves (inputs may: a broadcast K with head_stride 0 is fine).  Sorted
+// by stride, every dimension must step over everything the smaller-stride dimensions span.
+Status check_no_overlap(const fa3_tensor& t, const TensorSpec& s) {
+  struct Dim {
+    const char* stride_name;
+    const char* extent_name;
+    int64_t stride, extent;
+  };
+  Dim dims[4];
+  int n = 0;
+  auto add = [&](const char* stride_name, const char* extent_name, int64_t stride, int64_t extent) {
+    if (extent > 1) dims[n++] = Dim{stride_name, extent_name, stride, extent};
+  };
+  add("head_dim", s.head_dim_name, 1, s.head_dim);
+  add("head_stride", s.heads_name, t.head_stride, s.heads);
+  add("row_stride", s.seqlen_name, t.row_stride, s.seqlen);
+  if (!s.packed) add("batch_stride", "batch", t.batch_stride, s.batch);
+  std::stable_sort(dims, dims + n, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+
+  int64_t need = 1;  // a dimension of extent > 1 needs a stride of at least 1
+  const Dim* below = nullptr;
+  for (int i = 0; i < n; ++i) {
+    const Dim& d = dims[i];
+    if (d.stride < need) {
+      const std::string what =
+          below == nullptr ? " repeats the same elements across " + std::string(d.extent_name) + " = " +
+                                 to_string(d.extent)
+                           : ", but the " + std::string(below->extent_name) + " dimension below it spans " +
+                                 to_string(need) + " elements";
+      return invalid(std::string(s.name) + " strides make elements overlap (" + field(s, d.stride_name) + " = " +
+                     to_string(d.stride) + what + ")");
+    }
+    need = span(d.stride, d.extent);
+    below = &d;
+  }
+  return ok();
+}
+
+Status check_tensor(const fa3_tensor& t, const TensorSpec& s, bool is_output) {
+  FA3_TRY(check_data(t, s));
+  FA3_TRY(check_strides(t, s));
+  if (is_output) FA3_TRY(check_no_overlap(t, s));
+  return ok();
+}
+
+// The shapes of Q, K, V and O (and of dQ, dK, dV and dO, which share them).
+TensorSpec q_spec(const fa3_fwd_params& p, const char* name, int64_t head_dim, const char* head_dim_name,
+                  fa3_dtype dtype) {
+  return TensorSpec{name,        dtype,     p.cu_seqlens_q != nullptr, p.batch,      p.seqlen_q, p.heads_q,
+                    head_dim,    "seqlen_q", "heads_q",                head_dim_name};
+}
+
+TensorSpec k_spec(const fa3_fwd_params& p, const char* name, int64_t head_dim, const char* head_dim_name) {
+  return TensorSpec{name,     p.dtype,    p.cu_seqlens_k != nullptr, p.batch,      p.seqlen_k, p.heads_kv,
+                    head_dim, "seqlen_k", "heads_kv",                head_dim_name};
+}
+
+Status check_fwd_tensors(const fa3_fwd_params& p) {
+  FA3_TRY(check_tensor(p.q, q_spec(p, "q", p.head_dim_qk, "head_dim_qk", p.dtype), false));
+  FA3_TRY(check_tensor(p.k, k_spec(p, "k", p.head_dim_qk, "head_dim_qk"), false));
+  FA3_TRY(check_tensor(p.v, k_spec(p, "v", p.head_dim_v, "head_dim_v"), false));
+  // O's element size follows out_dtype (bf16 for the FP8 forward), not dtype.
+  FA3_TRY(check_tensor(p.out, q_spec(p, "out", p.head_dim_v, "head_dim_v", p.out_dtype), true));
+  return ok();
+}
+
+// ------------------------------------------------------------ other fields ----
+
+Status check_lse(const fa3_fwd_params& p) {
+  if (p.lse != nullptr && !aligned(p.lse, sizeof(float)))
+    return invalid("lse must be 4-byte aligned (float32); got " + hex(p.lse));
+  return ok();
+}
+
+Status check_scores(const fa3_fwd_params& p) {
+  if (!std::isfinite(p.softmax_scale))
+    return invalid("softmax_scale must be finite (0 selects 1/sqrt(head_dim_qk)); got " + num(p.softmax_scale));
+  if (!std::isfinite(p.softcap) || p.softcap < 0.f)
+    return invalid("softcap must be finite and >= 0 (0 = off); got " + num(p.softcap));
+  return ok();
+}
+
+Status check_mask(const fa3_fwd_params& p) {
+  if (p.window_left < -1)
+    return invalid("window_left must be >= -1 (-1 = unbounded); got " + to_string(p.window_left));
+  if (p.window_right < -1)
+    return invalid("window_right must be >= -1 (-1 = unbounded); got " + to_string(p.window_right));
+  if (p.causal != 0 && p.causal != 1) return invalid("causal must be 0 or 1; got " + to_string(p.causal));
+  // Causal is the window with window_right = 0: a wider right window contradicts it.
+  if (p.causal == 1 && p.window_right > 0)
+    return invalid("window_right must be -1 or 0 with causal = 1 (causal means window_right = 0); got " +
+                   to_string(p.window_right));
+  return ok();
+}
+
+Status check_paged(const fa3_fwd_params& p) {
+  if (p.page_table == nullptr) return ok();  // page_size / num_pages are ignored then
+  // Pages are addressed per batch entry; packed varlen K rows have no batch entry to page.
+  if (p.cu_seqlens_k != nullptr)
+    return invalid("page_table cannot be combined with cu_seqlens_k; use seqused_k for per-sequence key counts "
+                   "with a paged cache");
+  FA3_TRY(check_positive("page_size", p.page_size));
+  FA3_TRY(check_positive("num_pages", p.num_pages));
+  const int64_t pages_per_seq = (static_cast<int64_t>(p.seqlen_k) + p.page_size - 1) / p.page_size;
+  if (p.page_table_batch_stride < pages_per_seq)
+    return invalid("page_table_batch_stride must be >= ceil(seqlen_k / page_size) = " + to_string(pages_per_seq) +
+                   " (seqlen_k " + to_string(p.seqlen_k) + ", page_size " + to_string(p.page_size) + "); got " +
+                   to_string(p.page_table_batch_stride));
+  return ok();
+}
+
+Status check_descale(const fa3_fwd_params& p) {
+  const std::pair<const float*, const char*> ptrs[] = {
+      {p.q_descale, "q_descale"}, {p.k_descale, "k_descale"}, {p.v_descale, "v_descale"}};
+  // Descaling undoes FP8 quantisation; for 16-bit inputs it would be silently ignored.
+  for (const auto& [ptr, name] : ptrs)
+    if (ptr != nullptr && p.dtype != FA3_DTYPE_E4M3)
+      return invalid(std::string(name) + " is only used with dtype e4m3; got dtype " + dtype_name(p.dtype));
+  if (p.descale_batch_stride < 0)
+    return invalid("descale_batch_stride must be >= 0; got " + to_string(p.descale_batch_stride));
+  if (p.descale_head_stride < 0)
+    return invalid("descale_head_stride must be >= 0; got " + to_string(p.descale_head_stride));
+  return ok();
+}
+
+Status check_splits(const fa3_fwd_params& p) {
+  if (p.num_splits < 0)
+    return invalid("num_splits must be >= 0 (0 = automatic, 1 = no split); got " + to_string(p.num_splits));
+  if (p.num_splits > 1) return not_supported("split-KV (num_splits > 1); got num_splits " + to_string(p.num_splits));
+  return ok();
+}
+
+// The size itself is not checked yet (no path needs scratch), but a size without memory is a bug.
+Status check_workspace(const void* workspace, size_t bytes) {
+  if (workspace == nullptr && bytes > 0)
+    return invalid("workspace must not be NULL when workspace_bytes > 0; got workspace_bytes " + to_string(bytes));
+  return ok();
+}
+
+// ---------------------------------------------------------------- backward ----
+
+Status check_bwd_tensors(const fa3_bwd_params& b) {
+  const fa3_fwd_params& p = b.fwd;
+  // dO is an input: it may alias itself (e.g. a broadcast gradient), so only the gradients are checked.
+  FA3_TRY(check_tensor(b.dout, q_spec(p, "dout", p.head_dim_v, "head_dim_v", p.out_dtype), false));
+  FA3_TRY(check_tensor(b.dq, q_spec(p, "dq", p.head_dim_qk, "head_dim_qk", p.dtype), true));
+  FA3_TRY(check_tensor(b.dk, k_spec(p, "dk", p.head_dim_qk, "head_dim_qk"), true));
+  FA3_TRY(check_tensor(b.dv, k_spec(p, "dv", p.head_dim_v, "head_dim_v"), true));
+  return ok();
+}
+
+}  // namespace
+
+Status validate_fwd(const fa3_fwd_params* p) {
+  if (p == nullptr) return invalid("params must not be NULL");
+  FA3_TRY(check_struct_size(p->struct_size, sizeof(fa3_fwd_params), "fa3_fwd_params_init"));
+  FA3_TRY(check_dtypes(*p));
+  FA3_TRY(check_sizes(*p));
+  FA3_TRY(check_head_dim("head_dim_qk", p->head_dim_qk, p->dtype));
+  FA3_TRY(check_head_dim("head_dim_v", p->head_dim_v, p->dtype));
+  FA3_TRY(check_fwd_tensors(*p));
+  FA3_TRY(check_lse(*p));
+  FA3_TRY(check_scores(*p));
+  FA3_TRY(check_mask(*p));
+  FA3_TRY(check_paged(*p));
+  FA3_TRY(check_descale(*p));
+  FA3_TRY(check_splits(*p));
+  FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
+  return ok();
+}
+
+Status validate_bwd(const fa3_bwd_params* p) {
+  if (p == nullptr) return invalid("params must not be NULL");
+  FA3_TRY(check_struct_size(p->struct_size, sizeof(fa3_bwd_params), "fa3_bwd_params_init"));
+  FA3_TRY(validate_fwd(&p->fwd));
+  if (p->fwd.dtype == FA3_DTYPE_E4M3) return not_supported("the FP8 backward (dtype e4m3)");
+  // dS needs P = exp(S - LSE), and recomputing LSE would cost a second forward.
+  if (p->fwd.lse == nullptr) return invalid("lse must not be NULL for the backward (pass the forward's LSE)");
+  if (p->fwd.out.data == nullptr) return invalid("out.data must not be NULL for the backward (pass the forward's O)");
+  FA3_TRY(check_bwd_tensors(*p));
+  if (p->deterministic != 0 && p->deterministic != 1)
+    return invalid("deterministic must be 0 or 1; got " + to_string(p->deterministic));
+  FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
+  return ok();
+}
+
+}  // namespace fa3::detail

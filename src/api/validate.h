@@ -1,0 +1,11 @@
+// Argument checks of the public calls: pure host code, no CUDA call, one clear message per error.
+#pragma once
+#include "fa3/fa3.h"
+
+namespace fa3::detail {
+
+// Every check that needs no device: shapes, strides, alignment, dtypes, masks, feature combinations.
+Status validate_fwd(const fa3_fwd_params* p);
+Status validate_bwd(const fa3_bwd_params* p);
+
+}  // namespace fa3::detail

@@ -1,0 +1,44 @@
+// Which key blocks a query tile visits, and which of them need masking.  Masks are bottom-right
+// aligned (FlashAttention): query row i sees key j iff
+//   i + sk - sq - window_left <= j <= i + sk - sq + window_right   (each side only when bounded).
+#pragma once
+#include "src/attention/fwd_params.h"
+
+namespace fa3::attn {
+
+struct BlockRange {
+  int n_min, n_max;  // visit n_max-1 down to n_min; empty when n_max <= n_min
+  __device__ __forceinline__ bool empty() const { return n_max <= n_min; }
+};
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ BlockRange block_range(int m_block, const FwdKernelParams& p) {
+  const int offset = p.seqlen_k - p.seqlen_q;
+  int n_max = ceil_div(p.seqlen_k, kBlockN);
+  int n_min = 0;
+  if (p.window_right >= 0) {  // the tile's last row sees up to key last_row + offset + right
+    const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
+    n_max = min(n_max, max(0, floor_div(last_row + offset + p.window_right, kBlockN) + 1));
+  }
+  if (p.window_left >= 0)  // the tile's first row sees from key first_row + offset - left
+    n_min = max(0, floor_div(m_block * kBlockM + offset - p.window_left, kBlockN));
+  return {n_min, n_max};
+}
+
+// True when some element of key block n is invisible to some row of the tile: the key tail,
+// the causal/right edge, or the left window edge.  Only those blocks pay for the mask.
+template <int kBlockM, int kBlockN, bool kMasked>
+__device__ __forceinline__ bool block_needs_mask(int n, int m_block, const FwdKernelParams& p) {
+  if ((n + 1) * kBlockN > p.seqlen_k) return true;
+  if constexpr (kMasked) {
+    const int offset = p.seqlen_k - p.seqlen_q, first_row = m_block * kBlockM;
+    if (p.window_right >= 0 && (n + 1) * kBlockN - 1 > first_row + offset + p.window_right) return true;
+    if (p.window_left >= 0 && n * kBlockN < first_row + kBlockM - 1 + offset - p.window_left) return true;
+  }
+  return false;
+}
+
+}  // namespace fa3::attn

@@ -1,0 +1,77 @@
+// The forward kernel's shell: one producer warpgroup (a TMA warp) and kBlockM/64 consumer
+// warpgroups, persistent over tiles; registers move from the producer to the consumers.
+#pragma once
+#include "src/attention/epilogue.cuh"
+#include "src/attention/fwd_config.h"
+#include "src/attention/fwd_params.h"
+#include "src/attention/fwd_smem.cuh"
+#include "src/attention/mainloop_load.cuh"
+#include "src/attention/mainloop_mma.cuh"
+#include "src/attention/tile_scheduler.cuh"
+
+namespace fa3::attn {
+
+template <class Cfg>
+struct FwdLaunchShape {
+  static constexpr int kConsumers = Cfg::kBlockM / 64;
+  static constexpr int kThreads = (kConsumers + 1) * hopper::kWarpgroupSize;
+  // The register file (64K) split so the TMA warpgroup keeps the minimum (FlashAttention-3's budgets).
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+};
+
+template <class Elem, class Cfg, bool kMasked, int kSched>
+__global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelParams p) {
+  using Shape = FwdLaunchShape<Cfg>;
+  extern __shared__ uint8_t smem_raw[];
+  const FwdSmem<Cfg> smem(smem_raw);
+  auto& bars = smem.bars();
+  if (threadIdx.x == 0) {
+    hopper::mbarrier_init(&bars.q_full, 1);
+    bars.k.init(Shape::kConsumers);
+    bars.v.init(Shape::kConsumers);
+    hopper::mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = hopper::warpgroup_index();
+  if (wg == 0) {
+    hopper::setmaxnreg_dec<Shape::kProducerRegs>();
+    if (threadIdx.x / hopper::kWarpSize == 0) MainloopLoad<Cfg, kMasked>{p, smem}.run();
+    return;
+  }
+
+  hopper::setmaxnreg_inc<Shape::kConsumerRegs>();
+  const int consumer = wg - 1, thread = threadIdx.x % hopper::kWarpgroupSize;
+  MainloopMma<Elem, Cfg, kMasked, kSched> mainloop{p, smem, consumer, thread};
+  const Epilogue<Elem, Cfg> epilogue{p, smem, consumer, thread};
+  auto q_empty = [] { hopper::named_barrier_arrive(kBarQEmpty, MainloopLoad<Cfg, kMasked>::kQEmptyThreads); };
+  q_empty();  // the Q buffer starts out free
+  mainloop.start_turns();
+  uint32_t q_phase = 0;
+  for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    const WorkTile w = decode_tile(t, p);
+    const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
+    if (r.empty()) {
+      epilogue.store_zero(w);
+      continue;
+    }
+    hopper::mbarrier_wait(&bars.q_full, q_phase);
+    q_phase ^= 1;
+    float o[Cfg::kHeadDim / 2];
+    OnlineSoftmax<Cfg::kBlockN> softmax(p.scale_log2);
+    // With O staged in Q's buffer, Q is released only after the O store has read it.
+    mainloop.run(w.m_block, r, o, softmax, [&] {
+      if constexpr (!Cfg::kOAliasesQ) q_empty();
+    });
+    epilogue.store(w, o, softmax);
+    if constexpr (Cfg::kOAliasesQ) {
+      if (thread == 0) hopper::tma_store_wait_read();
+      __syncwarp();
+      q_empty();
+    }
+  }
+  epilogue.drain();
+}
+
+}  // namespace fa3::attn

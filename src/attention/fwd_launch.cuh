@@ -1,0 +1,92 @@
+// Host side of one forward instantiation: tensor maps, kernel parameters, grid, launch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/attention/fwd_kernel.cuh"
+#include "src/attention/fwd_launch.h"
+#include "src/hopper/tma_map.h"
+
+namespace fa3::attn {
+
+template <int kDtype>
+using ElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16, __half>;
+
+// A [batch][seqlen][heads][d] tensor as a 4-D TMA map; extents of 1 get a harmless stride so that
+// the driver's stride checks never see the (irrelevant) stride a caller passed for them.
+inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataType dtype, const fa3_tensor& t,
+                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows) {
+  constexpr uint64_t kElem = 2;
+  uint64_t row = uint64_t(t.row_stride) * kElem, head = uint64_t(t.head_stride) * kElem,
+           bat = uint64_t(t.batch_stride) * kElem;
+  if (seqlen == 1) row = uint64_t(head_dim) * kElem;
+  if (heads == 1) head = row * uint64_t(seqlen);
+  if (batch == 1) bat = head * uint64_t(heads);
+  auto align16 = [](uint64_t x) { return (x + 15) / 16 * 16; };
+  hopper::TmaMap4dDesc d{dtype,
+                         2,
+                         t.data,
+                         {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
+                         {align16(row), align16(head), align16(bat)},
+                         {64, box_rows, 1, 1}};
+  const std::string err = hopper::encode_tma_map_4d(map, d);
+  if (!err.empty()) return Status(FA3_ERROR_INTERNAL, std::string("TMA map for ") + name + ": " + err);
+  return Status();
+}
+
+inline Status sm_count(int* count) {
+  int dev = 0;
+  FA3_CUDA_TRY(cudaGetDevice(&dev));
+  FA3_CUDA_TRY(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev));
+  return Status();
+}
+
+template <int kDtype, int kHeadDim, bool kMasked, int kSched>
+Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
+  using Cfg = FwdConfig<kHeadDim>;
+  using Elem = ElemOf<kDtype>;
+  const fa3_fwd_params& a = *f.p;
+  const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  FwdKernelParams p{};
+  const int d = a.head_dim_qk;
+  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, d, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
+  FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, d, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, d, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, d, a.seqlen_q, a.heads_q, a.batch, 64));
+  p.o = a.out.data;
+  p.o_batch_stride = a.out.batch_stride;
+  p.o_row_stride = a.out.row_stride;
+  p.o_head_stride = a.out.head_stride;
+  p.lse = a.lse;
+  p.batch = a.batch;
+  p.heads_q = a.heads_q;
+  p.head_ratio = a.heads_q / a.heads_kv;
+  p.seqlen_q = a.seqlen_q;
+  p.seqlen_k = a.seqlen_k;
+  p.head_dim = d;
+  p.scale_log2 = f.scale * 1.4426950408889634f;
+  p.window_left = f.window_left;
+  p.window_right = f.window_right;
+  p.num_m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
+  p.lpt_order = kMasked;
+
+  auto kernel = fwd_kernel<Elem, Cfg, kMasked, kSched>;
+  constexpr int kSmem = FwdSmem<Cfg>::kBytes;
+  FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  int sms = 0;
+  FA3_TRY(sm_count(&sms));
+  const int grid = std::min(p.num_tiles, sms);
+  kernel<<<grid, FwdLaunchShape<Cfg>::kThreads, kSmem, stream>>>(p);
+  FA3_CUDA_TRY(cudaGetLastError());
+  return Status();
+}
+
+}  // namespace fa3::attn
+
+// One explicit instantiation per generated file (see CMakeLists.txt).
+#define FA3_INSTANTIATE_FWD(DTYPE, HDIM, MASKED, SCHED) \
+  template fa3::Status fa3::attn::launch_fwd<DTYPE, HDIM, MASKED, SCHED>(const fa3::detail::FwdProblem&, cudaStream_t);

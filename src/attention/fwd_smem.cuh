@@ -1,0 +1,54 @@
+// Shared-memory layout of the forward kernel and the named barriers its warpgroups use.
+// Tiles are TMA images with the 128-byte swizzle: panels of 64 columns, [rows][128 B] each,
+// every tile 1024-byte aligned (the swizzle atom) so descriptors keep base_offset 0.
+#pragma once
+#include <cstdint>
+
+#include "src/hopper/mbarrier.cuh"
+#include "src/hopper/smem_tile.cuh"
+
+namespace fa3::attn {
+
+template <class Cfg>
+struct FwdSmem {
+  static constexpr int kPanels = (Cfg::kHeadDim + 63) / 64;
+  static constexpr int kQPanelBytes = Cfg::kBlockM * hopper::kSwizzleBytes;
+  static constexpr int kKVPanelBytes = Cfg::kBlockN * hopper::kSwizzleBytes;
+  static constexpr int kQBytes = kPanels * kQPanelBytes;
+  static constexpr int kKVBytes = kPanels * kKVPanelBytes;
+  static_assert(kKVPanelBytes % 1024 == 0 && kQPanelBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
+
+  // Byte offsets from the 1024-aligned base. O is staged for its TMA store in Q's space when smem
+  // is short (Q is dead by then, and the producer waits for the store before loading the next Q),
+  // else in a tile of its own.
+  static constexpr int kOffK = kQBytes;
+  static constexpr int kOffV = kOffK + Cfg::kStages * kKVBytes;
+  static constexpr int kOffO = Cfg::kOAliasesQ ? 0 : kOffV + Cfg::kStages * kKVBytes;
+  static constexpr int kOffBarriers = kOffV + Cfg::kStages * kKVBytes + (Cfg::kOAliasesQ ? 0 : kQBytes);
+
+  struct Barriers {
+    uint64_t q_full;
+    hopper::PipelineBarriers<Cfg::kStages> k, v;
+  };
+  // Dynamic smem to request: the layout plus slack to round the base up to 1024 bytes.
+  static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;
+  static_assert(kBytes <= 227 * 1024, "forward tile configuration exceeds 227 KB of shared memory");
+
+  uint8_t* base;
+  __device__ __forceinline__ explicit FwdSmem(uint8_t* raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))) {}
+  __device__ __forceinline__ uint8_t* q() const { return base; }
+  __device__ __forceinline__ uint8_t* k(int stage) const { return base + kOffK + stage * kKVBytes; }
+  __device__ __forceinline__ uint8_t* v(int stage) const { return base + kOffV + stage * kKVBytes; }
+  __device__ __forceinline__ uint8_t* o() const { return base + kOffO; }
+  __device__ __forceinline__ Barriers& bars() const { return *reinterpret_cast<Barriers*>(base + kOffBarriers); }
+};
+
+// Named barrier ids (0 is __syncthreads).
+enum FwdBarrier : int {
+  kBarQEmpty = 1,     // producer warp syncs, every consumer thread arrives: Q may be overwritten
+  kBarSchedule = 2,   // + consumer index: pingpong turn to issue GEMMs (up to 3 consumers)
+  kBarEpilogue = 5,   // + consumer index: one warpgroup's O staging
+};
+
+}  // namespace fa3::attn

@@ -1,0 +1,189 @@
+// One consumer warpgroup's work on a tile: 64 query rows against key blocks n_max-1 .. n_min.
+//   S = Q K^T   (SS wgmma, K-major K tile)
+//   online softmax on S in registers -> P (16-bit A fragments)
+//   O += P V    (RS wgmma, V tile read N-major through the descriptor's transpose bit)
+// Two FlashAttention-3 schedules, each switchable for the ablation:
+//   pingpong (kPingpong): warpgroups take turns issuing their GEMMs (named barriers), so one's
+//     softmax runs while the tensor cores work on the other's GEMMs;
+//   intra-warpgroup overlap (kOverlap): QK^T of block n is issued together with PV of block n+1,
+//     and the softmax of block n runs while that PV is still in flight.
+#pragma once
+#include "src/attention/block_info.cuh"
+#include "src/attention/fwd_config.h"
+#include "src/attention/fwd_smem.cuh"
+#include "src/attention/mask.cuh"
+#include "src/attention/softmax.cuh"
+#include "src/hopper/wgmma.cuh"
+
+namespace fa3::attn {
+
+template <class Elem, class Cfg, bool kMasked, int kSched>
+struct MainloopMma {
+  using Smem = FwdSmem<Cfg>;
+  using Mma = hopper::Mma16<Elem>;
+  static constexpr int kD = Cfg::kHeadDim, kN = Cfg::kBlockN, kM = Cfg::kBlockM;
+  static constexpr int kConsumers = kM / 64;
+  static constexpr bool kUsePingpong = (kSched & Schedule::kPingpong) != 0;
+  static constexpr bool kUseOverlap = (kSched & Schedule::kOverlap) != 0;
+  static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
+
+  const FwdKernelParams& p;
+  Smem smem;
+  int consumer;  // 0 .. kConsumers-1: this warpgroup's 64 rows of the tile
+  int thread;    // 0 .. 127 within the warpgroup
+  hopper::PipelineState<Cfg::kStages> k_st, v_st;
+
+  // ---- pingpong turn-taking: consumer c waits for its turn, then hands the turn to c+1 ----
+  __device__ __forceinline__ void turn_wait() const {
+    if constexpr (kUsePingpong) hopper::named_barrier_sync(kBarSchedule + consumer, 2 * hopper::kWarpgroupSize);
+  }
+  __device__ __forceinline__ void turn_pass() const {
+    if constexpr (kUsePingpong)
+      hopper::named_barrier_arrive(kBarSchedule + (consumer + 1) % kConsumers, 2 * hopper::kWarpgroupSize);
+  }
+  // Once per kernel: the last consumer gives the first turn to consumer 0.
+  __device__ __forceinline__ void start_turns() const {
+    if constexpr (kUsePingpong)
+      if (consumer == kConsumers - 1) hopper::named_barrier_arrive(kBarSchedule, 2 * hopper::kWarpgroupSize);
+  }
+
+  // ---- the two GEMMs (fence + issue + commit; the caller waits) ----
+  // Each batch starts with wgmma.fence: the softmax wrote S, P and O with ordinary instructions.
+  __device__ __forceinline__ void issue_qk(float (&s)[kN / 2], int stage) const {
+    hopper::fence_operand(s);
+    hopper::wgmma_fence();
+    const uint64_t dq = hopper::make_smem_desc(hopper::smem_u32(smem.q()) + consumer * 64 * hopper::kSwizzleBytes, 16, 1024);
+    const uint64_t dk = hopper::make_smem_desc(hopper::smem_u32(smem.k(stage)), 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {  // 16 columns of the head dim = 32 bytes inside a 128-byte panel row
+      const uint32_t q_off = (kk / 4) * Smem::kQPanelBytes + (kk % 4) * 32;
+      const uint32_t k_off = (kk / 4) * Smem::kKVPanelBytes + (kk % 4) * 32;
+      Mma::template Op<kN>::template ss<0>(s, hopper::desc_advance(dq, q_off), hopper::desc_advance(dk, k_off), kk > 0);
+    }
+    hopper::wgmma_commit();
+    hopper::fence_operand(s);
+  }
+
+  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
+    hopper::fence_operand(o);
+    hopper::wgmma_fence();
+    // V is [keys][d] with d contiguous: N-major B. LBO = bytes between 64-column panels of d,
+    // SBO = 8 keys; each k-step advances 16 keys = 16 rows of 128 bytes.
+    const uint64_t dv = hopper::make_smem_desc(hopper::smem_u32(smem.v(stage)), Smem::kKVPanelBytes, 1024);
+#pragma unroll
+    for (int kb = 0; kb < kN / 16; ++kb)
+      Mma::template Op<kD>::template rs<1>(o, pa[kb], hopper::desc_advance(dv, kb * 16 * hopper::kSwizzleBytes), 1);
+    hopper::wgmma_commit();
+    hopper::fence_operand(o);
+  }
+
+  __device__ __forceinline__ void release(hopper::PipelineBarriers<Cfg::kStages>& ring,
+                                          hopper::PipelineState<Cfg::kStages>& st) {
+    if (thread == 0) ring.consumer_release(st);
+    st.advance();
+  }
+
+  // The accumulator of block n, row-major in pairs, is already the A-fragment layout of P for
+  // the 16-bit RS wgmma: k-step kb takes registers 8kb .. 8kb+7 packed two at a time.
+  __device__ __forceinline__ static void to_p(const float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4]) {
+#pragma unroll
+    for (int kb = 0; kb < kN / 16; ++kb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pa[kb][j] = Mma::pack(s[8 * kb + 2 * j], s[8 * kb + 2 * j + 1]);
+  }
+
+  __device__ __forceinline__ static void rescale(float (&o)[kD / 2], const float (&c)[2]) {
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] *= c[(i >> 1) & 1];
+  }
+
+  __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block) const {
+    if (block_needs_mask<kM, kN, kMasked>(n, m_block, p)) {
+      const int lane = thread % 32;
+      const int row0 = m_block * kM + consumer * 64 + (thread / 32) * 16 + lane / 4;
+      apply_mask<kN, kMasked>(s, row0, n * kN + 2 * (lane % 4), p);
+    }
+  }
+
+  // Computes the unnormalised O of this warpgroup's rows and the softmax statistics.
+  // `q_done` runs once every QK^T of the tile has completed (Q's buffer may be reused).
+  template <class QDone>
+  __device__ void run(int m_block, const BlockRange& r, float (&o)[kD / 2], OnlineSoftmax<kN>& softmax,
+                      QDone&& q_done) {
+    auto& bars = smem.bars();
+    float s[kN / 2];
+    uint32_t pa[kN / 16][4];
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+
+    // First block (the one that may hold the diagonal / the key tail).
+    int n = r.n_max - 1;
+    bars.k.consumer_wait(k_st);
+    turn_wait();
+    issue_qk(s, k_st.index);
+    turn_pass();
+    hopper::wgmma_wait<0>();
+    hopper::fence_operand(s);
+    release(bars.k, k_st);
+    mask_if_needed(s, n, m_block);
+    softmax.update_max(s, corr);
+    softmax.exponentiate(s);
+    to_p(s, pa);
+
+    if constexpr (kUseOverlap) {
+      for (--n; n >= r.n_min; --n) {
+        bars.k.consumer_wait(k_st);
+        turn_wait();
+        issue_qk(s, k_st.index);
+        bars.v.consumer_wait(v_st);
+        issue_pv(o, pa, v_st.index);
+        turn_pass();
+        hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
+        hopper::fence_operand(s);
+        release(bars.k, k_st);
+        if constexpr (kMasked) mask_if_needed(s, n, m_block);
+        softmax.update_max(s, corr);
+        softmax.exponentiate(s);
+        hopper::wgmma_wait<0>();  // PV done: O and P may be touched again
+        hopper::fence_operand(o);
+        release(bars.v, v_st);
+        rescale(o, corr);
+        to_p(s, pa);
+      }
+      q_done();
+      bars.v.consumer_wait(v_st);
+      issue_pv(o, pa, v_st.index);
+      hopper::wgmma_wait<0>();
+      hopper::fence_operand(o);
+      release(bars.v, v_st);
+    } else {
+      // Ablation: S -> softmax -> PV strictly in order for each block.
+      for (;;) {
+        bars.v.consumer_wait(v_st);
+        turn_wait();
+        issue_pv(o, pa, v_st.index);
+        turn_pass();
+        hopper::wgmma_wait<0>();
+        hopper::fence_operand(o);
+        release(bars.v, v_st);
+        if (--n < r.n_min) break;
+        bars.k.consumer_wait(k_st);
+        turn_wait();
+        issue_qk(s, k_st.index);
+        turn_pass();
+        hopper::wgmma_wait<0>();
+        hopper::fence_operand(s);
+        release(bars.k, k_st);
+        if constexpr (kMasked) mask_if_needed(s, n, m_block);
+        softmax.update_max(s, corr);
+        softmax.exponentiate(s);
+        rescale(o, corr);
+        to_p(s, pa);
+      }
+      q_done();
+    }
+  }
+};
+
+}  // namespace fa3::attn

@@ -1,0 +1,80 @@
+// Online softmax over one warpgroup's S fragments (FlashAttention-2/3): each thread owns two rows
+// (g and g + 8 of its warp's 16) with kBlockN/4 scores each; the 4 lanes of a quad hold a row.
+// Scores stay unscaled in S; the scale is folded into exp2's argument (one FFMA per score), and
+// the running max lives in that log2 domain.  Rows that have seen only -inf stay finite-safe:
+// their max is -inf, exp2 gets 0 as the subtrahend, and the correction factor is 1.
+#pragma once
+#include <cmath>
+
+#include "src/hopper/arch.cuh"
+
+namespace fa3::attn {
+
+template <int kBlockN>
+struct OnlineSoftmax {
+  static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
+  float row_max[2];  // max(S) * scale_log2 so far, -inf before any visible key
+  float row_sum[2];  // this thread's share of sum(exp2(S * scale_log2 - row_max))
+  float scale_log2;
+
+  __device__ __forceinline__ explicit OnlineSoftmax(float scale) : scale_log2(scale) {
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  }
+
+  __device__ __forceinline__ static float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+  }
+  __device__ __forceinline__ static float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+  }
+
+  // Folds a new block's row maxima into the running max; `correction` is what O and the sums
+  // computed so far must be multiplied by (exp2(old max - new max)).
+  __device__ __forceinline__ void update_max(const float (&s)[kBlockN / 2], float (&correction)[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(row_max[h], quad_max(mx[h]) * scale_log2);
+      correction[h] = m_new == -INFINITY ? 1.f : hopper::exp2_approx(row_max[h] - m_new);
+      row_max[h] = m_new;
+      row_sum[h] *= correction[h];
+    }
+  }
+
+  // S := exp2(S * scale_log2 - row_max) in place, and adds the row sums.
+  __device__ __forceinline__ void exponentiate(float (&s)[kBlockN / 2]) {
+    const float sub0 = row_max[0] == -INFINITY ? 0.f : row_max[0];
+    const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      s[4 * j + 0] = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
+      s[4 * j + 1] = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
+      s[4 * j + 2] = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
+      s[4 * j + 3] = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
+      row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
+      row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
+    }
+  }
+
+  // After the last block: the factor that normalises each O row (0 for rows with no visible key)
+  // and the row's log-sum-exp in natural log (-inf for rows with no visible key).
+  __device__ __forceinline__ void finalize(float (&inv_sum)[2], float (&lse)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(row_sum[h]);
+      const bool empty = !(sum > 0.f);
+      inv_sum[h] = empty ? 0.f : 1.f / sum;
+      lse[h] = empty ? -INFINITY : (row_max[h] + __log2f(sum)) * 0.69314718055994531f;
+    }
+  }
+};
+
+}  // namespace fa3::attn

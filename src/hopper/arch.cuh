@@ -1,0 +1,68 @@
+// Small sm_90a building blocks with no attention knowledge: addresses, lane election, named
+// barriers, register reallocation and proxy fences.  Inline PTX only where CCCL has no wrapper.
+#pragma once
+#include <cstdint>
+
+#include <cuda/ptx>
+
+namespace fa3::hopper {
+
+namespace ptx = cuda::ptx;
+
+constexpr int kWarpSize = 32;
+constexpr int kWarpgroupSize = 128;
+
+// Shared-space address (what descriptors, TMA and stmatrix take), not a generic pointer.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// True in exactly one lane of the (fully active) warp.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t pred = 0;
+  asm volatile(
+      "{\n.reg .pred P;\n"
+      "elect.sync _|P, 0xffffffff;\n"
+      "selp.u32 %0, 1, 0, P;\n}"
+      : "=r"(pred));
+  return pred != 0;
+}
+
+// The warpgroup index as a warp-uniform value (the shuffle tells the compiler it is uniform,
+// so role branches compile to uniform branches and setmaxnreg sees one path per warpgroup).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / kWarpgroupSize, 0);
+}
+
+// Named barriers: id 0 is __syncthreads; 1..15 are free. `threads` counts every thread that
+// takes part (bar.sync and bar.arrive together), a multiple of 32.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Move registers between warpgroups (needs a register cap at kernel entry: __launch_bounds__(n, 1)).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes multiples of 8 in [24, 256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes multiples of 8 in [24, 256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Ordinary shared-memory stores (st.shared, stmatrix) become visible to the async proxy (TMA, wgmma)
+// only after this fence in each writing thread, followed by a barrier.
+__device__ __forceinline__ void fence_view_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace fa3::hopper

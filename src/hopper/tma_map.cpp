@@ -1,0 +1,50 @@
+#include "src/hopper/tma_map.h"
+
+#include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+namespace fa3::hopper {
+namespace {
+
+// cuTensorMapEncodeTiled lives in the driver; ask the runtime for it once instead of linking libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn(std::string* err) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::string failure;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr)
+      failure = std::string("cuTensorMapEncodeTiled is not available from the driver (") + cudaGetErrorString(e) + ")";
+    else
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  });
+  if (fn == nullptr) *err = failure;
+  return fn;
+}
+
+}  // namespace
+
+std::string encode_tma_map_4d(CUtensorMap* map, const TmaMap4dDesc& d) {
+  std::string err;
+  auto encode = encode_fn(&err);
+  if (encode == nullptr) return err;
+  const cuuint64_t dims[4] = {d.dims[0], d.dims[1], d.dims[2], d.dims[3]};
+  const cuuint64_t strides[3] = {d.strides_bytes[0], d.strides_bytes[1], d.strides_bytes[2]};
+  const cuuint32_t box[4] = {d.box[0], d.box[1], d.box[2], d.box[3]};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, d.dtype, 4, const_cast<void*>(d.base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(r)) + " (dims " +
+           std::to_string(d.dims[0]) + "x" + std::to_string(d.dims[1]) + "x" + std::to_string(d.dims[2]) + "x" +
+           std::to_string(d.dims[3]) + ", strides " + std::to_string(d.strides_bytes[0]) + "/" +
+           std::to_string(d.strides_bytes[1]) + "/" + std::to_string(d.strides_bytes[2]) + " bytes)";
+  return "";
+}
+
+}  // namespace fa3::hopper

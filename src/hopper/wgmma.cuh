@@ -1,0 +1,79 @@
+// Warpgroup MMA (wgmma.mma_async): shared-memory matrix descriptors, the fence/commit/wait
+// protocol, and the generated per-N instruction wrappers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "src/hopper/wgmma_ops.cuh"
+
+namespace fa3::hopper {
+
+// Matrix descriptor for a tile stored with the 128-byte swizzle (PTX ISA "Matrix Descriptor Format"):
+// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
+// 62-63 swizzle mode (1 = 128B). Tiles start on 1024-byte boundaries, so base_offset stays 0.
+__device__ __forceinline__ uint64_t make_smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// Moves a descriptor's start address by `bytes` (14-bit field: smem addresses < 256 KB never carry out).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// Required before the first wgmma of a batch and whenever registers it reads or accumulates into
+// were touched by ordinary instructions since the last wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Pins the register values of an accumulator/fragment at this point of the program, so the
+// compiler neither reads them before an in-flight wgmma finished nor moves writes across its issue.
+template <int N>
+__device__ __forceinline__ void fence_operand(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operand(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// The 16-bit element types fa3 multiplies: their wgmma wrappers and the f32x2 -> packed conversion.
+template <class T>
+struct Mma16;
+
+template <>
+struct Mma16<__nv_bfloat16> {
+  template <int N>
+  using Op = WgmmaBf16<N>;
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <>
+struct Mma16<__half> {
+  template <int N>
+  using Op = WgmmaF16<N>;
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+// Accumulator fragment of m64nN (f32): element i of thread (warp w, lane = 4g + t) sits at
+//   row = 16w + g + 8*((i >> 1) & 1),   col = 8*(i >> 2) + 2t + (i & 1).
+__device__ __forceinline__ constexpr int acc_row(int i) { return 8 * ((i >> 1) & 1); }  // + 16w + g
+__device__ __forceinline__ constexpr int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }  // + 2t
+
+}  // namespace fa3::hopper

@@ -1,0 +1,262 @@
+// The Hopper layer on its own: TMA round trip and the swizzle formula, one wgmma tile (SS and RS,
+// as the attention kernel uses them) against a CPU GEMM, and a TMA/mbarrier ring that wraps many times.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "reference/rounding.h"
+#include "src/hopper/mbarrier.cuh"
+#include "src/hopper/smem_tile.cuh"
+#include "src/hopper/tma.cuh"
+#include "src/hopper/tma_map.h"
+#include "src/hopper/wgmma.cuh"
+#include "tests/gpu_util.h"
+
+namespace fa3::test {
+namespace {
+
+using namespace fa3::hopper;
+
+std::vector<uint16_t> random_bf16(size_t n, std::vector<float>* values) {
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<uint16_t> bits(n);
+  values->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    bits[i] = ref::to_bf16_bits(dist(rng()));
+    (*values)[i] = ref::from_bf16_bits(bits[i]);
+  }
+  return bits;
+}
+
+CUtensorMap bf16_map(const void* base, uint64_t d, uint64_t rows, uint64_t heads, uint64_t batch, uint32_t box_rows) {
+  CUtensorMap m;
+  const TmaMap4dDesc desc{CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, {d, rows, heads, batch},
+                          {d * 2 * heads, d * 2, d * 2 * heads * rows}, {64, box_rows, 1, 1}};
+  // layout [batch][rows][heads][d]: row stride = heads*d, head stride = d
+  const std::string err = encode_tma_map_4d(&m, desc);
+  EXPECT_EQ(err, "");
+  return m;
+}
+
+// ---- 1. TMA load -> smem -> (TMA store, and plain reads through the swizzle formula) ----
+constexpr int kRows = 64, kCols = 128, kTileBytes = kRows * kCols * 2;
+
+__global__ void tma_round_trip(const __grid_constant__ CUtensorMap in, const __grid_constant__ CUtensorMap out,
+                               __nv_bfloat16* plain, int rows, int heads) {
+  __shared__ alignas(1024) uint8_t tile[kTileBytes];
+  __shared__ uint64_t bar;
+  const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bar, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&bar, kTileBytes);
+    for (int p = 0; p < 2; ++p) tma_load_4d(tile + p * kRows * 128, &in, p * 64, m * kRows, h, b, &bar);
+  }
+  mbarrier_wait(&bar, 0);
+  // Plain reads via swizzled_offset16 must see the tensor's element (r, c).
+  for (int idx = threadIdx.x; idx < kRows * kCols; idx += blockDim.x) {
+    const int r = idx / kCols, c = idx % kCols, row = m * kRows + r;
+    if (row < rows)
+      plain[((int64_t(b) * rows + row) * heads + h) * kCols + c] =
+          *reinterpret_cast<const __nv_bfloat16*>(tile + swizzled_offset16(r, c, kRows));
+  }
+  if (threadIdx.x == 0) {
+    for (int p = 0; p < 2; ++p) tma_store_4d(&out, tile + p * kRows * 128, p * 64, m * kRows, h, b);
+    tma_store_commit();
+    tma_store_wait_read();
+  }
+}
+
+TEST(HopperPrims, TmaRoundTripAndSwizzle) {
+  FA3_REQUIRE_GPU();
+  const int batch = 2, rows = 100, heads = 3;  // 100 rows: the second tile is clipped by TMA
+  const size_t n = size_t(batch) * rows * heads * kCols;
+  std::vector<float> vals;
+  const auto bits = random_bf16(n, &vals);
+  DeviceBuffer in(n * 2), out(n * 2), plain(n * 2);
+  in.upload(bits.data(), n * 2);
+  out.fill_bytes(0xFF);
+  plain.fill_bytes(0xFF);
+  const CUtensorMap mi = bf16_map(in.get(), kCols, rows, heads, batch, kRows);
+  const CUtensorMap mo = bf16_map(out.get(), kCols, rows, heads, batch, kRows);
+  tma_round_trip<<<dim3((rows + kRows - 1) / kRows, heads, batch), 128>>>(mi, mo, static_cast<__nv_bfloat16*>(plain.get()),
+                                                                         rows, heads);
+  FA3_CUDA_CHECK(cudaGetLastError());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> got(n), got_plain(n);
+  out.download(got.data(), n * 2);
+  plain.download(got_plain.data(), n * 2);
+  size_t bad = 0, bad_plain = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += got[i] != bits[i];
+    bad_plain += got_plain[i] != bits[i];
+  }
+  EXPECT_EQ(bad, 0u) << "TMA store did not reproduce the loaded tensor";
+  EXPECT_EQ(bad_plain, 0u) << "swizzled_offset16 disagrees with TMA's 128B swizzle";
+}
+
+// ---- 2. one warpgroup: S = A B^T (SS), then O = bf16(S) V (RS, V N-major) ----
+constexpr int kM = 64, kN = 128, kK = 128;  // A [64][128], B [128][128] (K-major), V [128 keys][128]
+
+__global__ void __launch_bounds__(128) wgmma_tile(const __grid_constant__ CUtensorMap ma,
+                                                  const __grid_constant__ CUtensorMap mb,
+                                                  const __grid_constant__ CUtensorMap mv, float* s_out, float* o_out) {
+  extern __shared__ uint8_t raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  uint8_t *sa = base, *sb = base + kM * 256, *sv = sb + kN * 256;
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bar, 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&bar, kM * 256 + 2 * kN * 256);
+    for (int p = 0; p < 2; ++p) {
+      tma_load_4d(sa + p * kM * 128, &ma, p * 64, 0, 0, 0, &bar);
+      tma_load_4d(sb + p * kN * 128, &mb, p * 64, 0, 0, 0, &bar);
+      tma_load_4d(sv + p * kN * 128, &mv, p * 64, 0, 0, 0, &bar);
+    }
+  }
+  mbarrier_wait(&bar, 0);
+  float s[kN / 2], o[kK / 2];
+  const uint64_t da = make_smem_desc(smem_u32(sa), 16, 1024), db = make_smem_desc(smem_u32(sb), 16, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    WgmmaBf16<kN>::ss<0>(s, desc_advance(da, (kk / 4) * kM * 128 + (kk % 4) * 32),
+                         desc_advance(db, (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(s);
+  uint32_t pa[kN / 16][4];
+#pragma unroll
+  for (int kb = 0; kb < kN / 16; ++kb)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pa[kb][j] = Mma16<__nv_bfloat16>::pack(s[8 * kb + 2 * j], s[8 * kb + 2 * j + 1]);
+#pragma unroll
+  for (int i = 0; i < kK / 2; ++i) o[i] = 0.f;
+  const uint64_t dv = make_smem_desc(smem_u32(sv), kN * 128, 1024);
+  fence_operand(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kb = 0; kb < kN / 16; ++kb) WgmmaBf16<kK>::rs<1>(o, pa[kb], desc_advance(dv, kb * 16 * 128), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(o);
+  const int w = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) s_out[(16 * w + g + acc_row(i)) * kN + acc_col(i) + 2 * t] = s[i];
+#pragma unroll
+  for (int i = 0; i < kK / 2; ++i) o_out[(16 * w + g + acc_row(i)) * kK + acc_col(i) + 2 * t] = o[i];
+}
+
+TEST(HopperPrims, WgmmaTileSsAndRs) {
+  FA3_REQUIRE_GPU();
+  std::vector<float> a, b, v;
+  const auto ab = random_bf16(kM * kK, &a), bb = random_bf16(kN * kK, &b), vb = random_bf16(kN * kK, &v);
+  DeviceBuffer da(ab.size() * 2), db(bb.size() * 2), dv(vb.size() * 2), ds(kM * kN * 4), dout(kM * kK * 4);
+  da.upload(ab.data(), ab.size() * 2);
+  db.upload(bb.data(), bb.size() * 2);
+  dv.upload(vb.data(), vb.size() * 2);
+  ds.fill_bytes(0xFF);
+  dout.fill_bytes(0xFF);
+  const CUtensorMap ma = bf16_map(da.get(), kK, kM, 1, 1, kM), mb = bf16_map(db.get(), kK, kN, 1, 1, kN),
+                    mv = bf16_map(dv.get(), kK, kN, 1, 1, kN);
+  const int smem = (kM + 2 * kN) * 256 + 1024;
+  FA3_CUDA_CHECK(cudaFuncSetAttribute(wgmma_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  wgmma_tile<<<1, 128, smem>>>(ma, mb, mv, static_cast<float*>(ds.get()), static_cast<float*>(dout.get()));
+  FA3_CUDA_CHECK(cudaGetLastError());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> s(kM * kN), o(kM * kK);
+  ds.download(s.data(), s.size() * 4);
+  dout.download(o.data(), o.size() * 4);
+  double s_err = 0, o_err = 0;
+  std::vector<float> p(kM * kN);
+  for (int i = 0; i < kM; ++i)
+    for (int j = 0; j < kN; ++j) {
+      double acc = 0;
+      for (int k = 0; k < kK; ++k) acc += double(a[i * kK + k]) * b[j * kK + k];
+      s_err = std::max(s_err, std::fabs(acc - s[i * kN + j]));
+      p[i * kN + j] = ref::round_bf16(s[i * kN + j]);  // P as the kernel packs it
+    }
+  for (int i = 0; i < kM; ++i)
+    for (int d = 0; d < kK; ++d) {
+      double acc = 0;
+      for (int j = 0; j < kN; ++j) acc += double(p[i * kN + j]) * v[j * kK + d];
+      o_err = std::max(o_err, std::fabs(acc - o[i * kK + d]) / std::max(1.0, std::fabs(acc)));
+    }
+  EXPECT_LT(s_err, 1e-3) << "SS wgmma (K-major A and B, 128B swizzle) disagrees with the CPU GEMM";
+  EXPECT_LT(o_err, 1e-3) << "RS wgmma (A in registers, B N-major) disagrees with the CPU GEMM";
+}
+
+// ---- 3. a 2-stage TMA ring, one producer warp and one consumer warpgroup, wrapping 32 times ----
+constexpr int kStages = 2, kBlocks = 64, kBlockRows = 64, kBlockBytes = kBlockRows * 128;
+
+__global__ void ring(const __grid_constant__ CUtensorMap m, float* sums) {
+  __shared__ alignas(1024) uint8_t buf[kStages][kBlockBytes];
+  __shared__ PipelineBarriers<kStages> bars;
+  if (threadIdx.x == 0) {
+    bars.init(1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x >= 128) {  // producer warp
+    if (threadIdx.x == 128) {
+      PipelineState<kStages> st;
+      for (int n = 0; n < kBlocks; ++n) {
+        bars.producer_acquire(st);
+        mbarrier_arrive_expect_tx(&bars.full[st.index], kBlockBytes);
+        tma_load_4d(buf[st.index], &m, 0, n * kBlockRows, 0, 0, &bars.full[st.index]);
+        st.advance();
+      }
+    }
+    return;
+  }
+  PipelineState<kStages> st;
+  for (int n = 0; n < kBlocks; ++n) {
+    bars.consumer_wait(st);
+    float part = 0.f;  // thread r sums row r/2, half (r%2) of its 64 columns
+    const int r = threadIdx.x / 2, c0 = (threadIdx.x % 2) * 32;
+    for (int c = c0; c < c0 + 32; ++c)
+      part += __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(buf[st.index] + swizzled_offset16(r, c, kBlockRows)));
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffff, part, off);
+    if (threadIdx.x % 32 == 0) atomicAdd(&sums[n], part);
+    __syncwarp();
+    asm volatile("bar.sync 1, 128;" ::: "memory");  // every consumer thread is done with the stage
+    if (threadIdx.x == 0) bars.consumer_release(st);
+    st.advance();
+  }
+}
+
+TEST(HopperPrims, PipelineRingWrapsManyTimes) {
+  FA3_REQUIRE_GPU();
+  std::vector<float> vals;
+  const auto bits = random_bf16(size_t(kBlocks) * kBlockRows * 64, &vals);
+  DeviceBuffer in(bits.size() * 2), sums(kBlocks * 4);
+  in.upload(bits.data(), bits.size() * 2);
+  sums.fill_bytes(0);
+  CUtensorMap m;
+  const TmaMap4dDesc desc{CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, in.get(), {64, uint64_t(kBlocks) * kBlockRows, 1, 1},
+                          {128, 128 * uint64_t(kBlocks) * kBlockRows, 128 * uint64_t(kBlocks) * kBlockRows},
+                          {64, kBlockRows, 1, 1}};
+  ASSERT_EQ(encode_tma_map_4d(&m, desc), "");
+  ring<<<1, 160>>>(m, static_cast<float*>(sums.get()));
+  FA3_CUDA_CHECK(cudaGetLastError());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(kBlocks);
+  sums.download(got.data(), kBlocks * 4);
+  for (int n = 0; n < kBlocks; ++n) {
+    double want = 0;
+    for (int i = 0; i < kBlockRows * 64; ++i) want += vals[size_t(n) * kBlockRows * 64 + i];
+    EXPECT_NEAR(got[n], want, 1e-2 * (1 + std::fabs(want))) << "block " << n;
+  }
+}
+
+}  // namespace
+}  // namespace fa3::test

@@ -1,0 +1,581 @@
+// Argument validation of the public API.  Validation never touches the device or dereferences a
+// pointer, so these tests use fake (but 16-byte-aligned) device addresses and run without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "fa3/fa3.h"
+#include "fa3/fa3_c.h"
+
+namespace {
+
+template <typename T = void>
+T* fake(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+template <typename T>
+T* offset_bytes(T* ptr, uintptr_t bytes) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(ptr) + bytes);
+}
+
+// The status has the expected code and its message names the field (so a user can find it).
+::testing::AssertionResult Fails(const fa3::Status& st, fa3_status code, const std::string& field) {
+  if (st.code() != code)
+    return ::testing::AssertionFailure() << "code " << st.code() << " instead of " << code << ": '" << st.message()
+                                         << "'";
+  if (st.message().find(field) == std::string::npos)
+    return ::testing::AssertionFailure() << "message '" << st.message() << "' does not name '" << field << "'";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult Invalid(const fa3::Status& st, const std::string& field) {
+  return Fails(st, FA3_ERROR_INVALID_ARGUMENT, field);
+}
+
+::testing::AssertionResult Passes(const fa3::Status& st) {
+  if (st.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "code " << st.code() << ": '" << st.message() << "'";
+}
+
+constexpr int kBatch = 2, kSeqQ = 128, kSeqK = 256, kHeadsQ = 8, kHeadsKv = 2, kDim = 128;
+
+// A valid bf16 GQA forward: contiguous BSHD tensors at distinct fake device addresses.
+fa3::FwdArgs valid_fwd() {
+  fa3::FwdArgs a;
+  a.dtype = a.out_dtype = FA3_DTYPE_BF16;
+  a.batch = kBatch;
+  a.seqlen_q = kSeqQ;
+  a.seqlen_k = kSeqK;
+  a.heads_q = kHeadsQ;
+  a.heads_kv = kHeadsKv;
+  a.head_dim_qk = a.head_dim_v = kDim;
+  a.q = fa3::bshd(fake(0x100000), kSeqQ, kHeadsQ, kDim);
+  a.k = fa3::bshd(fake(0x200000), kSeqK, kHeadsKv, kDim);
+  a.v = fa3::bshd(fake(0x300000), kSeqK, kHeadsKv, kDim);
+  a.out = fa3::bshd(fake(0x400000), kSeqQ, kHeadsQ, kDim);
+  return a;
+}
+
+class FwdValidation : public ::testing::Test {
+ protected:
+  fa3::FwdArgs a = valid_fwd();
+};
+
+// ------------------------------------------------------------ valid variants ----
+
+TEST_F(FwdValidation, ValidArgsPass) { EXPECT_TRUE(Passes(fa3::validate(a))); }
+
+TEST_F(FwdValidation, ValidWithLse) {
+  a.lse = fake<float>(0x500000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, CausalPasses) {
+  a.causal = 1;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.window_right = 0;  // explicit, and what causal means anyway
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, SlidingWindowPasses) {
+  a.window_left = 64;
+  a.window_right = 16;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.causal = 1;
+  a.window_right = -1;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, SoftcapAndScalePass) {
+  a.softcap = 30.f;
+  a.softmax_scale = 0.125f;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, VarlenPassesAndIgnoresBatchStride) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.q.batch_stride = a.k.batch_stride = a.v.batch_stride = a.out.batch_stride = 3;  // ignored when packed
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, VarlenQueriesOnlyPasses) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, PagedKvPasses) {
+  a.page_table = fake<const int32_t>(0x700000);
+  a.page_size = 64;
+  a.num_pages = 16;
+  a.page_table_batch_stride = kSeqK / 64;
+  a.seqused_k = fake<const int32_t>(0x710000);
+  a.k = fa3::bshd(fake(0x200000), 64, kHeadsKv, kDim);  // [num_pages, page_size, heads_kv, d]
+  a.v = fa3::bshd(fake(0x300000), 64, kHeadsKv, kDim);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, PageFieldsIgnoredWithoutPageTable) {
+  a.page_size = 0;
+  a.num_pages = -1;
+  a.page_table_batch_stride = -5;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, E4m3WithDescalesPasses) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.out_dtype = FA3_DTYPE_BF16;
+  a.q_descale = fake<const float>(0x800000);
+  a.k_descale = fake<const float>(0x800100);
+  a.v_descale = fake<const float>(0x800200);
+  a.descale_batch_stride = kHeadsKv;
+  a.descale_head_stride = 1;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, MqaPasses) {
+  a.heads_kv = 1;
+  a.k = fa3::bshd(fake(0x200000), kSeqK, 1, kDim);
+  a.v = fa3::bshd(fake(0x300000), kSeqK, 1, kDim);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, MhaPasses) {
+  a.heads_kv = kHeadsQ;
+  a.k = fa3::bshd(fake(0x200000), kSeqK, kHeadsQ, kDim);
+  a.v = fa3::bshd(fake(0x300000), kSeqK, kHeadsQ, kDim);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, BhsdStridedLayoutPasses) {
+  // [batch, heads, seqlen, d] memory order expressed through the BSHD strides.
+  auto bhsd = [](void* data, int64_t s, int64_t h, int64_t d) { return fa3_tensor{data, h * s * d, d, s * d}; };
+  a.q = bhsd(fake(0x100000), kSeqQ, kHeadsQ, kDim);
+  a.k = bhsd(fake(0x200000), kSeqK, kHeadsKv, kDim);
+  a.v = bhsd(fake(0x300000), kSeqK, kHeadsKv, kDim);
+  a.out = bhsd(fake(0x400000), kSeqQ, kHeadsQ, kDim);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, DifferentHeadDimsPass) {
+  a.head_dim_qk = 192;
+  a.head_dim_v = 128;
+  a.q = fa3::bshd(fake(0x100000), kSeqQ, kHeadsQ, 192);
+  a.k = fa3::bshd(fake(0x200000), kSeqK, kHeadsKv, 192);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, BroadcastInputsPass) {
+  // Inputs may alias themselves: one K/V head broadcast to every kv head, one key row to every row.
+  a.k.head_stride = 0;
+  a.v.row_stride = 0;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, WorkspaceWithBytesPasses) {
+  a.workspace = fake(0x900000);
+  a.workspace_bytes = 4096;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, NumSplitsZeroAndOnePass) {
+  a.num_splits = 0;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.num_splits = 1;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+// ------------------------------------------------------- one bad argument each ----
+
+TEST(FwdValidationCAbi, NullParams) {
+  EXPECT_EQ(fa3_fwd_validate(nullptr), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa3_last_error()).find("params"), std::string::npos) << fa3_last_error();
+}
+
+TEST_F(FwdValidation, WrongStructSize) {
+  a.struct_size = sizeof(fa3_fwd_params) - 8;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "struct_size"));
+  EXPECT_TRUE(Invalid(fa3::validate(a), "fa3_fwd_params_init"));
+}
+
+TEST_F(FwdValidation, BadDtype) {
+  a.dtype = a.out_dtype = FA3_DTYPE_FP32;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "dtype"));
+}
+
+TEST_F(FwdValidation, BadOutDtype) {
+  a.out_dtype = FA3_DTYPE_FP16;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "out_dtype"));
+}
+
+TEST_F(FwdValidation, E4m3OutDtypeMustBeBf16) {
+  a.dtype = a.out_dtype = FA3_DTYPE_E4M3;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "out_dtype"));
+}
+
+TEST_F(FwdValidation, BatchZero) {
+  a.batch = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "batch"));
+}
+
+TEST_F(FwdValidation, NegativeSeqlenQ) {
+  a.seqlen_q = -1;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "seqlen_q"));
+}
+
+TEST_F(FwdValidation, SeqlenKZero) {
+  a.seqlen_k = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "seqlen_k"));
+}
+
+TEST_F(FwdValidation, HeadsQNotMultipleOfHeadsKv) {
+  a.heads_kv = 3;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "heads_q"));
+  EXPECT_TRUE(Invalid(fa3::validate(a), "heads_kv"));
+}
+
+TEST_F(FwdValidation, HeadsKvZero) {
+  a.heads_kv = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "heads_kv"));
+}
+
+TEST_F(FwdValidation, HeadDimTooLarge) {
+  a.head_dim_qk = 300;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "head_dim_qk"));
+}
+
+TEST_F(FwdValidation, HeadDimNotMultipleOf8) {
+  a.head_dim_qk = 100;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "head_dim_qk"));
+}
+
+TEST_F(FwdValidation, HeadDimVBad) {
+  a.head_dim_v = 20;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "head_dim_v"));
+}
+
+TEST_F(FwdValidation, E4m3HeadDimNotMultipleOf16) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.head_dim_qk = 72;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "head_dim_qk"));
+}
+
+TEST_F(FwdValidation, NullQData) {
+  a.q.data = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "q.data"));
+}
+
+TEST_F(FwdValidation, NullKData) {
+  a.k.data = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k.data"));
+}
+
+TEST_F(FwdValidation, NullVData) {
+  a.v.data = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "v.data"));
+}
+
+TEST_F(FwdValidation, NullOutData) {
+  a.out.data = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "out.data"));
+}
+
+TEST_F(FwdValidation, MisalignedQ) {
+  a.q.data = offset_bytes(a.q.data, 2);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "q.data"));
+}
+
+TEST_F(FwdValidation, MisalignedK) {
+  a.k.data = offset_bytes(a.k.data, 2);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k.data"));
+}
+
+TEST_F(FwdValidation, MisalignedV) {
+  a.v.data = offset_bytes(a.v.data, 2);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "v.data"));
+}
+
+TEST_F(FwdValidation, MisalignedOut) {
+  a.out.data = offset_bytes(a.out.data, 2);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "out.data"));
+}
+
+TEST_F(FwdValidation, RowStrideNotMultipleOf8) {
+  a.q.row_stride += 4;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "q.row_stride"));
+}
+
+TEST_F(FwdValidation, E4m3RowStrideNotMultipleOf16) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.k.row_stride += 8;  // 16 bytes of bf16 but only 8 bytes of e4m3
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k.row_stride"));
+}
+
+TEST_F(FwdValidation, NegativeHeadStride) {
+  a.k.head_stride = -kDim;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k.head_stride"));
+}
+
+TEST_F(FwdValidation, BatchStrideMisaligned) {
+  a.v.batch_stride += 4;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "v.batch_stride"));
+}
+
+TEST_F(FwdValidation, OverlappingOutStrides) {
+  a.out.row_stride = 64;  // < head_dim_v = 128: rows overlap
+  const fa3::Status st = fa3::validate(a);
+  EXPECT_TRUE(Invalid(st, "out.row_stride"));
+  EXPECT_TRUE(Invalid(st, "overlap"));
+}
+
+TEST_F(FwdValidation, OutHeadStrideZeroOverlaps) {
+  a.out.head_stride = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "out.head_stride"));
+}
+
+TEST_F(FwdValidation, OutBatchOverlapsRows) {
+  a.out.batch_stride = kHeadsQ * kDim;  // batch 1 starts at row 1 of batch 0
+  EXPECT_TRUE(Invalid(fa3::validate(a), "out.batch_stride"));
+}
+
+TEST_F(FwdValidation, MisalignedLse) {
+  a.lse = offset_bytes(fake<float>(0x500000), 2);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "lse"));
+}
+
+TEST_F(FwdValidation, NanSoftmaxScale) {
+  a.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(Invalid(fa3::validate(a), "softmax_scale"));
+}
+
+TEST_F(FwdValidation, InfSoftcap) {
+  a.softcap = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(Invalid(fa3::validate(a), "softcap"));
+}
+
+TEST_F(FwdValidation, NegativeSoftcap) {
+  a.softcap = -1.f;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "softcap"));
+}
+
+TEST_F(FwdValidation, WindowLeftMinus2) {
+  a.window_left = -2;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "window_left"));
+}
+
+TEST_F(FwdValidation, WindowRightMinus2) {
+  a.window_right = -2;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "window_right"));
+}
+
+TEST_F(FwdValidation, CausalWithWindowRight5) {
+  a.causal = 1;
+  a.window_right = 5;
+  const fa3::Status st = fa3::validate(a);
+  EXPECT_TRUE(Invalid(st, "window_right"));
+  EXPECT_TRUE(Invalid(st, "causal"));
+}
+
+TEST_F(FwdValidation, Causal2) {
+  a.causal = 2;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "causal"));
+}
+
+TEST_F(FwdValidation, PageTableWithCuSeqlensK) {
+  a.page_table = fake<const int32_t>(0x700000);
+  a.page_size = 64;
+  a.num_pages = 16;
+  a.page_table_batch_stride = 4;
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  const fa3::Status st = fa3::validate(a);
+  EXPECT_TRUE(Invalid(st, "page_table"));
+  EXPECT_TRUE(Invalid(st, "cu_seqlens_k"));
+}
+
+TEST_F(FwdValidation, PageSizeZero) {
+  a.page_table = fake<const int32_t>(0x700000);
+  a.page_size = 0;
+  a.num_pages = 16;
+  a.page_table_batch_stride = 4;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "page_size"));
+}
+
+TEST_F(FwdValidation, NumPagesZero) {
+  a.page_table = fake<const int32_t>(0x700000);
+  a.page_size = 64;
+  a.num_pages = 0;
+  a.page_table_batch_stride = 4;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "num_pages"));
+}
+
+TEST_F(FwdValidation, PageTableBatchStrideTooSmall) {
+  a.page_table = fake<const int32_t>(0x700000);
+  a.page_size = 100;  // ceil(256 / 100) = 3 pages per sequence
+  a.num_pages = 16;
+  a.page_table_batch_stride = 2;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "page_table_batch_stride"));
+  a.page_table_batch_stride = 3;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, DescaleWithBf16) {
+  a.k_descale = fake<const float>(0x800100);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k_descale"));
+}
+
+TEST_F(FwdValidation, NegativeDescaleStride) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.q_descale = fake<const float>(0x800000);
+  a.descale_head_stride = -1;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "descale_head_stride"));
+}
+
+TEST_F(FwdValidation, NumSplitsNegative) {
+  a.num_splits = -1;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "num_splits"));
+}
+
+TEST_F(FwdValidation, NumSplits4NotSupported) {
+  a.num_splits = 4;
+  EXPECT_TRUE(Fails(fa3::validate(a), FA3_ERROR_NOT_SUPPORTED, "num_splits"));
+}
+
+TEST_F(FwdValidation, WorkspaceNullWithBytes) {
+  a.workspace_bytes = 1024;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "workspace"));
+}
+
+// ------------------------------------------------------------ C ABI and calls ----
+
+TEST_F(FwdValidation, LastErrorThroughCAbi) {
+  fa3::FwdArgs bad = a;
+  bad.heads_kv = 0;
+  ASSERT_EQ(fa3_fwd_validate(&bad), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(fa3_last_error()), fa3::validate(bad).message());
+  EXPECT_NE(std::string(fa3_last_error()).find("heads_kv"), std::string::npos) << fa3_last_error();
+
+  ASSERT_EQ(fa3_fwd_validate(&a), FA3_OK);
+  EXPECT_STREQ(fa3_last_error(), "");
+}
+
+TEST_F(FwdValidation, ForwardReturnsValidationErrorBeforeCuda) {
+  a.head_dim_v = 100;
+  EXPECT_TRUE(Invalid(fa3::forward(a), "head_dim_v"));
+}
+
+TEST_F(FwdValidation, WorkspaceSizeAndKernelNameValidate) {
+  a.batch = 0;
+  size_t bytes = 0;
+  const char* name = nullptr;
+  EXPECT_TRUE(Invalid(fa3::workspace_size(a, &bytes), "batch"));
+  EXPECT_TRUE(Invalid(fa3::kernel_name(a, &name), "batch"));
+}
+
+// ---------------------------------------------------------------- backward ----
+
+class BwdValidation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    b.fwd = valid_fwd();
+    b.fwd.lse = fake<float>(0x500000);
+    b.dout = fa3::bshd(fake(0xa00000), kSeqQ, kHeadsQ, kDim);
+    b.dq = fa3::bshd(fake(0xb00000), kSeqQ, kHeadsQ, kDim);
+    b.dk = fa3::bshd(fake(0xc00000), kSeqK, kHeadsKv, kDim);
+    b.dv = fa3::bshd(fake(0xd00000), kSeqK, kHeadsKv, kDim);
+  }
+  fa3::BwdArgs b;
+};
+
+TEST_F(BwdValidation, ValidArgsPass) {
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+  b.deterministic = 1;
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+}
+
+TEST_F(BwdValidation, VarlenIgnoresGradientBatchStrides) {
+  b.fwd.cu_seqlens_q = fake<const int32_t>(0x600000);
+  b.fwd.cu_seqlens_k = fake<const int32_t>(0x610000);
+  b.dq.batch_stride = b.dout.batch_stride = b.dk.batch_stride = b.dv.batch_stride = 3;
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+}
+
+TEST(BwdValidationCAbi, NullParams) {
+  EXPECT_EQ(fa3_bwd_validate(nullptr), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa3_last_error()).find("params"), std::string::npos) << fa3_last_error();
+}
+
+TEST_F(BwdValidation, WrongStructSize) {
+  b.struct_size = sizeof(fa3_fwd_params);
+  EXPECT_TRUE(Invalid(fa3::validate(b), "fa3_bwd_params_init"));
+}
+
+TEST_F(BwdValidation, ForwardArgumentsAreValidated) {
+  b.fwd.seqlen_k = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "seqlen_k"));
+}
+
+TEST_F(BwdValidation, LseNull) {
+  b.fwd.lse = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "lse"));
+}
+
+TEST_F(BwdValidation, DoutNull) {
+  b.dout.data = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dout.data"));
+}
+
+TEST_F(BwdValidation, DqNull) {
+  b.dq.data = nullptr;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dq.data"));
+}
+
+TEST_F(BwdValidation, DkMisaligned) {
+  b.dk.data = offset_bytes(b.dk.data, 2);
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dk.data"));
+}
+
+TEST_F(BwdValidation, DvRowStrideNotMultipleOf8) {
+  b.dv.row_stride += 2;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dv.row_stride"));
+}
+
+TEST_F(BwdValidation, DvOverlapping) {
+  b.dv.head_stride = 64;  // < head_dim_v = 128: heads overlap
+  const fa3::Status st = fa3::validate(b);
+  EXPECT_TRUE(Invalid(st, "dv.head_stride"));
+  EXPECT_TRUE(Invalid(st, "overlap"));
+}
+
+TEST_F(BwdValidation, BroadcastDoutPasses) {
+  b.dout.row_stride = 0;  // dO is an input and may be a broadcast gradient
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+}
+
+TEST_F(BwdValidation, Deterministic3) {
+  b.deterministic = 3;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "deterministic"));
+}
+
+TEST_F(BwdValidation, E4m3NotSupported) {
+  b.fwd.dtype = FA3_DTYPE_E4M3;
+  b.fwd.out_dtype = FA3_DTYPE_BF16;
+  EXPECT_TRUE(Fails(fa3::validate(b), FA3_ERROR_NOT_SUPPORTED, "e4m3"));
+}
+
+TEST_F(BwdValidation, WorkspaceNullWithBytes) {
+  b.workspace_bytes = 64;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "workspace"));
+}
+
+TEST_F(BwdValidation, BackwardIsNeverOk) {
+  // Not implemented on the GPU yet: it must never report success without computing anything.
+  const fa3::Status st = fa3::backward(b);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.code() == FA3_ERROR_NOT_SUPPORTED || st.code() == FA3_ERROR_CUDA) << st.message();
+}
+
+}  // namespace

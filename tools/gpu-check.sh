@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One command for the H200: (re)build if needed, GPU tests, SASS/ptxas checks, sanitizers,
+# benchmark + ablation, compare.py against cuDNN/FA2 in one process; logs/JSON/PNG to $OUT;
+# a short summary table last.
+#
+#   tools/gpu-check.sh [all|tests|bench|compare|sanitize]...   (default: all)
+#
+# Through the device tool, carrying a build made here (no rebuild there):
+#   cmake --workflow --preset release            # here
+#   run(command="tools/gpu-check.sh", carry=["build/release"])
+# Environment: OUT (default ./out), FA3_BUILD (default build/release), TEST_FILTER (gtest filter),
+# COMPARE_ARGS (extra compare.py flags, default --quick), BENCH_ARGS (extra fa3-bench flags).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+BUILD=${FA3_BUILD:-build/release}
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+summary=()
+note() { summary+=("$(printf '%-22s %s' "$1" "$2")"); }
+
+if [ ! -x "$BUILD/fa3_tests" ] || [ ! -f "$BUILD/libfa3.so" ]; then
+  echo "== building (no carried build found in $BUILD)"
+  cmake --workflow --preset release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader \
+  | tee "$OUT/gpu.txt"
+
+if want tests; then
+  echo "== GPU tests"
+  timeout 420 "$BUILD/fa3_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/tests.log" \
+    | grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|seed|Expected|Which is|rel_fro" | head -150
+  note "gpu tests" "$(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
+  sass=$(cuobjdump --dump-sass "$BUILD/libfa3.so" 2>/dev/null)
+  note "SASS" "HGMMA $(grep -c HGMMA <<<"$sass"), local ld/st $(grep -cE 'LDL|STL' <<<"$sass")"
+fi
+
+if want sanitize; then
+  echo "== compute-sanitizer (small configs)"
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/fa3_tests" \
+      --gtest_filter='FwdGpu.RowsWithoutKeysAndNoLse:HopperPrims.*' > "$OUT/sanitize-$tool.log" 2>&1
+    rc=$?
+    note "sanitizer $tool" "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+  done
+fi
+
+if want bench; then
+  echo "== fa3-bench"
+  timeout 300 "$BUILD/fa3-bench" ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  timeout 120 "$BUILD/fa3-bench" --ablation 2>&1 | tee "$OUT/ablation.log"
+fi
+
+if want compare; then
+  echo "== compare.py (fa3 vs cuDNN vs FA2, one process)"
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/compare.py --lib "$BUILD/libfa3.so" ${COMPARE_ARGS:---quick} \
+    --json "$OUT/compare.json" --png "$OUT/compare.png" 2>&1 | tee "$OUT/compare.log"
+  note "compare.py" "exit ${PIPESTATUS[0]}"
+fi
+
+echo
+echo "================ summary ================"
+[ -f "$OUT/gpu.txt" ] && echo "gpu: $(cat "$OUT/gpu.txt")"
+for line in "${summary[@]}"; do echo "$line"; done
+[ -f "$OUT/ablation.log" ] && tail -4 "$OUT/ablation.log"
+[ -f "$OUT/compare.log" ] && grep -E "^ *(64|96|128|192|256) " "$OUT/compare.log" | head -40
+exit 0
