@@ -53,17 +53,17 @@ inline Tensor bshd(void* data, int64_t seqlen, int64_t heads, int64_t head_dim) 
   return Tensor{data, seqlen * heads * head_dim, heads * head_dim, head_dim};
 }
 
-Status forward(const FwdArgs& args, CUstream_st* stream = nullptr);
-Status validate(const FwdArgs& args);
-Status workspace_size(const FwdArgs& args, size_t* bytes);
-Status backward(const BwdArgs& args, CUstream_st* stream = nullptr);
-Status validate(const BwdArgs& args);
-Status workspace_size(const BwdArgs& args, size_t* bytes);
+FA3_API Status forward(const FwdArgs& args, CUstream_st* stream = nullptr);
+FA3_API Status validate(const FwdArgs& args);
+FA3_API Status workspace_size(const FwdArgs& args, size_t* bytes);
+FA3_API Status backward(const BwdArgs& args, CUstream_st* stream = nullptr);
+FA3_API Status validate(const BwdArgs& args);
+FA3_API Status workspace_size(const BwdArgs& args, size_t* bytes);
 
 // "hopper" or "reference-gpu": the implementation forward() picks for these arguments.
-Status kernel_name(const FwdArgs& args, const char** name);
+FA3_API Status kernel_name(const FwdArgs& args, const char** name);
 
-const char* dtype_name(DType dtype);
+FA3_API const char* dtype_name(DType dtype);
 
 }  // namespace fa3
 
