@@ -2,7 +2,8 @@
 // head dim 64/128/256, causal off/on, seqlen 512..16k) or one shape from flags, plus the
 // FlashAttention-3 Table-2 style schedule ablation.  Median of CUDA-event timings after warm-up,
 // inputs rotated through several sets so that L2 does not flatter; standard-normal inputs.
-// TFLOP/s = 4*b*h*sq*sk*d / t (halved for causal).  Comparisons with cuDNN/FA2 live in compare.py.
+// L2 is flushed before every timed call (--no-flush: back-to-back calls). TFLOP/s =
+// 4*b*h*sq*sk*d / t (halved for causal).  Comparisons with cuDNN/FA2 live in compare.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -12,12 +13,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/tune_variants.h"
 #include "fa3/fa3.h"
 #include "src/api/dispatch.h"
 #include "src/api/problem.h"
+#include "src/attention/fwd_config.h"
 
 namespace {
 
@@ -63,7 +67,7 @@ struct Options {
   int tokens = 16384, hidden = 2048, batch = 0, heads = 0, heads_kv = 0;
   fa3_dtype dtype = FA3_DTYPE_BF16;
   int warmup = 5, iters = 20;
-  bool ablation = false;
+  bool ablation = false, tune = false, flush = true;
   std::string json;
 };
 
@@ -82,7 +86,8 @@ void usage() {
   std::puts(
       "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
       "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16] [--warmup 5] [--iters 20]\n"
-      "          [--ablation] [--json FILE]");
+      "          [--ablation] [--tune] [--no-flush] [--json FILE]\n"
+      "  --tune: time every tile variant compiled in (cmake -DFA3_BUILD_TUNE=ON) on --hdim/--seqlen/--causal");
 }
 
 struct Result {
@@ -92,9 +97,25 @@ struct Result {
   std::string error;
 };
 
-// Times one shape: `sets` input sets in rotation, median over iters.
-Result run_shape(const Options& o, int d, int causal, int s, int b, int h, int hkv, int sched) {
-  Result r{d, causal, s, b, h, hkv, "", sched == 3 ? "full" : sched == 1 ? "no intra-WG overlap" : "no pingpong", 0, 0, ""};
+using Launcher = std::function<fa3::Status(const fa3::FwdArgs&)>;
+struct Variant {
+  std::string label;
+  Launcher launch;
+};
+
+// Fills L2 with other data before each timed call (as triton's do_bench does), so no call finds
+// its inputs cached and every variant starts from the same state.
+void flush_l2(int it) {
+  static void* buf = nullptr;
+  constexpr size_t kBytes = 256u << 20;
+  if (!buf) CHECK_CUDA(cudaMalloc(&buf, kBytes));
+  CHECK_CUDA(cudaMemsetAsync(buf, it & 0xff, kBytes));
+}
+
+// Times one shape for every variant, interleaved call by call (GPU clocks drift with temperature
+// and power: interleaving keeps the comparison fair), over input sets in rotation; median per variant.
+std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b, int h, int hkv,
+                              const std::vector<Variant>& variants) {
   const size_t q_elems = size_t(b) * s * h * d, kv_elems = size_t(b) * s * hkv * d;
   const size_t set_bytes = (2 * q_elems + 2 * kv_elems) * 2;
   const int sets = int(std::max<size_t>(2, (240ull << 20) / set_bytes + 1));  // > 4x the 60 MB L2
@@ -125,36 +146,38 @@ Result run_shape(const Options& o, int d, int causal, int s, int b, int h, int h
   }
   const char* name = "?";
   fa3::kernel_name(args[0], &name);
-  r.kernel = name;
-  auto launch = [&](const fa3::FwdArgs& a) {
-    if (sched == 3) return fa3::forward(a);
-    return fa3::detail::hopper_fwd_schedule(fa3::detail::make_problem(a), sched, nullptr);
-  };
+  std::vector<Result> results;
+  for (const auto& v : variants) results.push_back(Result{d, causal, s, b, h, hkv, name, v.label, 0, 0, ""});
+  std::vector<std::vector<float>> times(variants.size());
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<float> times;
-  for (int it = 0; it < o.warmup + o.iters && r.error.empty(); ++it) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    const fa3::Status st = launch(args[it % sets]);
-    CHECK_CUDA(cudaEventRecord(e1));
-    if (!st.ok()) r.error = st.message();
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    if (it >= o.warmup) times.push_back(ms);
-  }
+  for (int it = 0; it < o.warmup + o.iters; ++it)
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      if (!results[vi].error.empty()) continue;
+      if (o.flush) flush_l2(it);
+      CHECK_CUDA(cudaEventRecord(e0));
+      const fa3::Status st = variants[vi].launch(args[it % sets]);
+      CHECK_CUDA(cudaEventRecord(e1));
+      if (!st.ok()) results[vi].error = st.message();
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      if (it >= o.warmup) times[vi].push_back(ms);
+    }
   CHECK_CUDA(cudaGetLastError());
-  if (!times.empty()) {
-    std::sort(times.begin(), times.end());
-    r.ms = times[times.size() / 2];
-    const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
-    r.tflops = flops / (r.ms * 1e-3) / 1e12;
+  const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    auto& t = times[vi];
+    if (t.empty() || !results[vi].error.empty()) continue;
+    std::sort(t.begin(), t.end());
+    results[vi].ms = t[t.size() / 2];
+    results[vi].tflops = flops / (results[vi].ms * 1e-3) / 1e12;
   }
   for (void* p : bufs) CHECK_CUDA(cudaFree(p));
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
-  return r;
+  return results;
 }
 
 void print(const Result& r) {
@@ -189,6 +212,8 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = std::atoi(next());
     else if (a == "--iters") o.iters = std::atoi(next());
     else if (a == "--ablation") o.ablation = true;
+    else if (a == "--tune") o.tune = true;
+    else if (a == "--no-flush") o.flush = false;
     else if (a == "--json") o.json = next();
     else {
       usage();
@@ -201,15 +226,37 @@ int main(int argc, char** argv) {
   std::printf("%5s %7s %7s %6s %6s %6s  %-14s %-22s %9s %9s\n", "hdim", "causal", "seqlen", "batch", "heads", "hkv",
               "kernel", "schedule", "ms", "TFLOP/s");
   std::vector<Result> results;
+  const Variant product{"product", [](const fa3::FwdArgs& a) { return fa3::forward(a); }};
+  auto record = [&](std::vector<Result> rs) {
+    for (auto& r : rs) print(r), results.push_back(std::move(r));
+  };
   if (o.ablation) {  // FlashAttention-3 Table 2 shape
-    for (int sched : {3, 1, 2}) results.push_back(run_shape(o, 128, 0, 8448, 4, 16, 16, sched)), print(results.back());
+    std::vector<Variant> vs;
+    constexpr int kFull = fa3::attn::kFullSchedule;
+    const std::pair<int, const char*> scheds[] = {
+        {kFull, "full"}, {kFull & ~fa3::attn::kOverlap, "no intra-WG overlap"}, {kFull & ~fa3::attn::kPingpong, "no pingpong"}};
+    for (auto [sched, label] : scheds)
+      vs.push_back({label, [sched = sched](const fa3::FwdArgs& a) {
+                      return fa3::detail::hopper_fwd_schedule(fa3::detail::make_problem(a), sched, nullptr);
+                    }});
+    record(run_shape(o, 128, 0, 8448, 4, 16, 16, vs));
+  } else if (o.tune) {  // every compiled tile variant of a head dim, interleaved, on the sweep's shapes
+    for (int d : o.hdims)
+      for (int c : o.causal)
+        for (int s : o.seqlens) {
+          std::vector<Variant> vs{product};
+          for (const auto& v : fa3::bench::tune_variants())
+            if (v.head_dim == d && v.masked == (c != 0))
+              vs.push_back({v.name, [&v](const fa3::FwdArgs& a) { return v.launch(fa3::detail::make_problem(a), nullptr); }});
+          const int h = o.hidden / d, b = std::max(1, o.tokens / s);
+          record(run_shape(o, d, c, s, b, h, h, vs));
+        }
   } else {
     for (int d : o.hdims)
       for (int c : o.causal)
         for (int s : o.seqlens) {
           const int h = o.heads ? o.heads : o.hidden / d, b = o.batch ? o.batch : std::max(1, o.tokens / s);
-          results.push_back(run_shape(o, d, c, s, b, h, o.heads_kv ? o.heads_kv : h, 3));
-          print(results.back());
+          record(run_shape(o, d, c, s, b, h, o.heads_kv ? o.heads_kv : h, {product}));
         }
   }
   if (!o.json.empty()) {

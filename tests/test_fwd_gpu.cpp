@@ -82,7 +82,7 @@ TEST(FwdGpu, LongSequencesAgainstOracle) {
 
 TEST(FwdGpu, UnequalLengthsGqaMqa) {
   FA3_REQUIRE_GPU();
-  for (auto [sq, sk] : {std::pair{17, 1000}, std::pair{1000, 17}, std::pair{128, 4097}, std::pair{1, 300}})
+  for (auto [sq, sk] : {std::pair{17, 1000}, std::pair{1000, 17}, std::pair{128, 4097}, std::pair{1, 300}, std::pair{300, 9000}})
     for (int hkv : {1, 2})
       for (bool causal : {false, true}) {
         FwdCase c;

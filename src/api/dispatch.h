@@ -12,7 +12,7 @@ namespace fa3::detail {
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f);
 Status hopper_fwd(const FwdProblem& f, cudaStream_t stream);
 // The same kernel with one of its two schedules switched off (benchmark ablation; bf16, d 128,
-// no mask): sched = 1 pingpong only, 2 intra-warpgroup overlap only, 3 both.
+// no mask; always the 128x128 tile): sched = attn::kFullSchedule with kPingpong or kOverlap removed, or not.
 Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream);
 
 // The simple fp32 kernel (src/oracle) that covers every forward feature.

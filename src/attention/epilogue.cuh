@@ -34,7 +34,8 @@ struct Epilogue {
     }
   }
 
-  __device__ void store(const WorkTile& w, float (&o)[kD / 2], OnlineSoftmax<Cfg::kBlockN>& softmax) const {
+  template <class Softmax>
+  __device__ void store(const WorkTile& w, float (&o)[kD / 2], Softmax& softmax) const {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
     store_lse(w, lse);

@@ -26,7 +26,9 @@ Status by_head_dim(const FwdProblem& f, cudaStream_t stream) {
   switch (attn::padded_head_dim(f.p->head_dim_qk)) {
     case 64: return attn::launch_fwd<kDtype, 64, kMasked, kSched>(f, stream);
     case 96: return attn::launch_fwd<kDtype, 96, kMasked, kSched>(f, stream);
-    case 128: return attn::launch_fwd<kDtype, 128, kMasked, kSched>(f, stream);
+    case 128:
+      if (f.p->seqlen_k >= attn::kLongKeysThreshold) return attn::launch_fwd<kDtype, 128, kMasked, kSched, true>(f, stream);
+      return attn::launch_fwd<kDtype, 128, kMasked, kSched>(f, stream);
     case 192: return attn::launch_fwd<kDtype, 192, kMasked, kSched>(f, stream);
     default: return attn::launch_fwd<kDtype, 256, kMasked, kSched>(f, stream);
   }
@@ -52,11 +54,12 @@ Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream) 
   if (f.p->dtype != FA3_DTYPE_BF16 || attn::padded_head_dim(f.p->head_dim_qk) != 128 || f.has_mask() ||
       hopper_fwd_unsupported_reason(f) != nullptr)
     return not_supported("schedule ablation: only bf16, head dim 128, no mask");
+  constexpr int kFull = attn::kFullSchedule, kNoOverlap = kFull & ~attn::kOverlap, kNoPingpong = kFull & ~attn::kPingpong;
   switch (sched) {
-    case attn::kFullSchedule: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, attn::kFullSchedule>(f, stream);
-    case attn::kPingpong: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, attn::kPingpong>(f, stream);
-    case attn::kOverlap: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, attn::kOverlap>(f, stream);
-    default: return invalid("schedule ablation: sched must be 1 (pingpong), 2 (overlap) or 3 (both)");
+    case kFull: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kFull>(f, stream);
+    case kNoOverlap: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kNoOverlap>(f, stream);
+    case kNoPingpong: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kNoPingpong>(f, stream);
+    default: return invalid("schedule ablation: sched must be the product's flags with at most one of pingpong/overlap removed");
   }
 }
 

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   const FwdSmem<Cfg> smem(smem_raw);
   auto& bars = smem.bars();
   if (threadIdx.x == 0) {
-    hopper::mbarrier_init(&bars.q_full, 1);
+    bars.q.init(Shape::kConsumers);
     bars.k.init(Shape::kConsumers);
     bars.v.init(Shape::kConsumers);
     hopper::mbarrier_init_fence();
@@ -45,31 +45,32 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   const int consumer = wg - 1, thread = threadIdx.x % hopper::kWarpgroupSize;
   MainloopMma<Elem, Cfg, kMasked, kSched> mainloop{p, smem, consumer, thread};
   const Epilogue<Elem, Cfg> epilogue{p, smem, consumer, thread};
-  auto q_empty = [] { hopper::named_barrier_arrive(kBarQEmpty, MainloopLoad<Cfg, kMasked>::kQEmptyThreads); };
-  q_empty();  // the Q buffer starts out free
   mainloop.start_turns();
-  uint32_t q_phase = 0;
-  for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  hopper::PipelineState<FwdSmem<Cfg>::kQStages> q_st;
+  // Q's buffer goes back to the producer once this warpgroup no longer reads it.
+  auto release_q = [&] {
+    if (thread == 0) bars.q.consumer_release(q_st);
+  };
+  for (int step = 0, t; (t = tile_at_step(step, p)) < p.num_tiles; ++step) {
     const WorkTile w = decode_tile(t, p);
     const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
     if (r.empty()) {
       epilogue.store_zero(w);
       continue;
     }
-    hopper::mbarrier_wait(&bars.q_full, q_phase);
-    q_phase ^= 1;
+    bars.q.consumer_wait(q_st);
     float o[Cfg::kHeadDim / 2];
-    OnlineSoftmax<Cfg::kBlockN> softmax(p.scale_log2);
+    typename MainloopMma<Elem, Cfg, kMasked, kSched>::Softmax softmax(p.scale_log2);
     // With O staged in Q's buffer, Q is released only after the O store has read it.
-    mainloop.run(w.m_block, r, o, softmax, [&] {
-      if constexpr (!Cfg::kOAliasesQ) q_empty();
+    mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] {
+      if constexpr (!Cfg::kOAliasesQ) release_q();
     });
     epilogue.store(w, o, softmax);
     if constexpr (Cfg::kOAliasesQ) {
       if (thread == 0) hopper::tma_store_wait_read();
-      __syncwarp();
-      q_empty();
+      release_q();
     }
+    q_st.advance();
   }
   epilogue.drain();
 }

@@ -44,9 +44,9 @@ inline Status sm_count(int* count) {
   return Status();
 }
 
-template <int kDtype, int kHeadDim, bool kMasked, int kSched>
-Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
-  using Cfg = FwdConfig<kHeadDim>;
+// Any tile configuration (the tuning benchmark instantiates others than FwdConfig's).
+template <int kDtype, class Cfg, bool kMasked, int kSched>
+Status launch_fwd_cfg(const detail::FwdProblem& f, cudaStream_t stream) {
   using Elem = ElemOf<kDtype>;
   const fa3_fwd_params& a = *f.p;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -85,8 +85,14 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   return Status();
 }
 
+template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kLongKeys>
+Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
+  return launch_fwd_cfg<kDtype, FwdConfig<kHeadDim, kLongKeys>, kMasked, kSched>(f, stream);
+}
+
 }  // namespace fa3::attn
 
 // One explicit instantiation per generated file (see CMakeLists.txt).
-#define FA3_INSTANTIATE_FWD(DTYPE, HDIM, MASKED, SCHED) \
-  template fa3::Status fa3::attn::launch_fwd<DTYPE, HDIM, MASKED, SCHED>(const fa3::detail::FwdProblem&, cudaStream_t);
+#define FA3_INSTANTIATE_FWD(DTYPE, HDIM, MASKED, SCHED, LONG)                                          \
+  template fa3::Status fa3::attn::launch_fwd<DTYPE, HDIM, MASKED, SCHED, LONG>(const fa3::detail::FwdProblem&, \
+                                                                            cudaStream_t);

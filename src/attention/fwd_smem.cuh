@@ -17,17 +17,23 @@ struct FwdSmem {
   static constexpr int kQBytes = kPanels * kQPanelBytes;
   static constexpr int kKVBytes = kPanels * kKVPanelBytes;
   static_assert(kKVPanelBytes % 1024 == 0 && kQPanelBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
+  // Q is double-buffered when it fits, so the next tile's Q loads while this tile still runs
+  // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
+  static constexpr int kBytesWithoutQ =
+      Cfg::kStages * 2 * kKVBytes + (Cfg::kOAliasesQ ? 0 : kQBytes) + 1024 + 256;
+  static constexpr int kQStages = (!Cfg::kOAliasesQ && kBytesWithoutQ + 2 * kQBytes <= 227 * 1024) ? 2 : 1;
 
   // Byte offsets from the 1024-aligned base. O is staged for its TMA store in Q's space when smem
   // is short (Q is dead by then, and the producer waits for the store before loading the next Q),
   // else in a tile of its own.
-  static constexpr int kOffK = kQBytes;
+  static constexpr int kOffK = kQStages * kQBytes;
   static constexpr int kOffV = kOffK + Cfg::kStages * kKVBytes;
   static constexpr int kOffO = Cfg::kOAliasesQ ? 0 : kOffV + Cfg::kStages * kKVBytes;
   static constexpr int kOffBarriers = kOffV + Cfg::kStages * kKVBytes + (Cfg::kOAliasesQ ? 0 : kQBytes);
+  static_assert(!Cfg::kOAliasesQ || kQStages == 1, "O staged in Q needs a single Q buffer");
 
   struct Barriers {
-    uint64_t q_full;
+    hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;
   };
   // Dynamic smem to request: the layout plus slack to round the base up to 1024 bytes.
@@ -37,7 +43,7 @@ struct FwdSmem {
   uint8_t* base;
   __device__ __forceinline__ explicit FwdSmem(uint8_t* raw)
       : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))) {}
-  __device__ __forceinline__ uint8_t* q() const { return base; }
+  __device__ __forceinline__ uint8_t* q(int stage) const { return base + stage * kQBytes; }
   __device__ __forceinline__ uint8_t* k(int stage) const { return base + kOffK + stage * kKVBytes; }
   __device__ __forceinline__ uint8_t* v(int stage) const { return base + kOffV + stage * kKVBytes; }
   __device__ __forceinline__ uint8_t* o() const { return base + kOffO; }
@@ -46,7 +52,6 @@ struct FwdSmem {
 
 // Named barrier ids (0 is __syncthreads).
 enum FwdBarrier : int {
-  kBarQEmpty = 1,     // producer warp syncs, every consumer thread arrives: Q may be overwritten
   kBarSchedule = 2,   // + consumer index: pingpong turn to issue GEMMs (up to 3 consumers)
   kBarEpilogue = 5,   // + consumer index: one warpgroup's O staging
 };

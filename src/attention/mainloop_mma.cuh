@@ -25,6 +25,8 @@ struct MainloopMma {
   static constexpr int kConsumers = kM / 64;
   static constexpr bool kUsePingpong = (kSched & Schedule::kPingpong) != 0;
   static constexpr bool kUseOverlap = (kSched & Schedule::kOverlap) != 0;
+  static constexpr bool kLazyRescale = (kSched & Schedule::kLazyRescale) != 0;
+  using Softmax = OnlineSoftmax<kN, kLazyRescale>;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
   const FwdKernelParams& p;
@@ -49,10 +51,10 @@ struct MainloopMma {
 
   // ---- the two GEMMs (fence + issue + commit; the caller waits) ----
   // Each batch starts with wgmma.fence: the softmax wrote S, P and O with ordinary instructions.
-  __device__ __forceinline__ void issue_qk(float (&s)[kN / 2], int stage) const {
+  __device__ __forceinline__ void issue_qk(float (&s)[kN / 2], int q_stage, int stage) const {
     hopper::fence_operand(s);
     hopper::wgmma_fence();
-    const uint64_t dq = hopper::make_smem_desc(hopper::smem_u32(smem.q()) + consumer * 64 * hopper::kSwizzleBytes, 16, 1024);
+    const uint64_t dq = hopper::make_smem_desc(hopper::smem_u32(smem.q(q_stage)) + consumer * 64 * hopper::kSwizzleBytes, 16, 1024);
     const uint64_t dk = hopper::make_smem_desc(hopper::smem_u32(smem.k(stage)), 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {  // 16 columns of the head dim = 32 bytes inside a 128-byte panel row
@@ -64,7 +66,7 @@ struct MainloopMma {
     hopper::fence_operand(s);
   }
 
-  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
+  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], uint32_t (&pa)[kN / 16][4], int stage) const {
     hopper::fence_operand(o);
     hopper::wgmma_fence();
     // V is [keys][d] with d contiguous: N-major B. LBO = bytes between 64-column panels of d,
@@ -83,15 +85,6 @@ struct MainloopMma {
     st.advance();
   }
 
-  // The accumulator of block n, row-major in pairs, is already the A-fragment layout of P for
-  // the 16-bit RS wgmma: k-step kb takes registers 8kb .. 8kb+7 packed two at a time.
-  __device__ __forceinline__ static void to_p(const float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4]) {
-#pragma unroll
-    for (int kb = 0; kb < kN / 16; ++kb)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) pa[kb][j] = Mma::pack(s[8 * kb + 2 * j], s[8 * kb + 2 * j + 1]);
-  }
-
   __device__ __forceinline__ static void rescale(float (&o)[kD / 2], const float (&c)[2]) {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] *= c[(i >> 1) & 1];
@@ -108,7 +101,7 @@ struct MainloopMma {
   // Computes the unnormalised O of this warpgroup's rows and the softmax statistics.
   // `q_done` runs once every QK^T of the tile has completed (Q's buffer may be reused).
   template <class QDone>
-  __device__ void run(int m_block, const BlockRange& r, float (&o)[kD / 2], OnlineSoftmax<kN>& softmax,
+  __device__ void run(int m_block, const BlockRange& r, int q_stage, float (&o)[kD / 2], Softmax& softmax,
                       QDone&& q_done) {
     auto& bars = smem.bars();
     float s[kN / 2];
@@ -121,21 +114,20 @@ struct MainloopMma {
     int n = r.n_max - 1;
     bars.k.consumer_wait(k_st);
     turn_wait();
-    issue_qk(s, k_st.index);
+    issue_qk(s, q_stage, k_st.index);
     turn_pass();
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
     release(bars.k, k_st);
     mask_if_needed(s, n, m_block);
     softmax.update_max(s, corr);
-    softmax.exponentiate(s);
-    to_p(s, pa);
+    softmax.template exponentiate<Mma>(s, pa);
 
     if constexpr (kUseOverlap) {
       for (--n; n >= r.n_min; --n) {
         bars.k.consumer_wait(k_st);
         turn_wait();
-        issue_qk(s, k_st.index);
+        issue_qk(s, q_stage, k_st.index);
         bars.v.consumer_wait(v_st);
         issue_pv(o, pa, v_st.index);
         turn_pass();
@@ -143,13 +135,14 @@ struct MainloopMma {
         hopper::fence_operand(s);
         release(bars.k, k_st);
         if constexpr (kMasked) mask_if_needed(s, n, m_block);
-        softmax.update_max(s, corr);
-        softmax.exponentiate(s);
-        hopper::wgmma_wait<0>();  // PV done: O and P may be touched again
+        const bool any_rescale = softmax.update_max(s, corr);
+        // ptxas places this wait before any write to a register that some wgmma uses, so the
+        // exponentials (which end up in P) follow it; the row max above runs under the PV.
+        hopper::wgmma_wait<0>();
         hopper::fence_operand(o);
         release(bars.v, v_st);
-        rescale(o, corr);
-        to_p(s, pa);
+        if (any_rescale) rescale(o, corr);
+        softmax.template exponentiate<Mma>(s, pa);
       }
       q_done();
       bars.v.consumer_wait(v_st);
@@ -170,16 +163,14 @@ struct MainloopMma {
         if (--n < r.n_min) break;
         bars.k.consumer_wait(k_st);
         turn_wait();
-        issue_qk(s, k_st.index);
+        issue_qk(s, q_stage, k_st.index);
         turn_pass();
         hopper::wgmma_wait<0>();
         hopper::fence_operand(s);
         release(bars.k, k_st);
         if constexpr (kMasked) mask_if_needed(s, n, m_block);
-        softmax.update_max(s, corr);
-        softmax.exponentiate(s);
-        rescale(o, corr);
-        to_p(s, pa);
+        if (softmax.update_max(s, corr)) rescale(o, corr);
+        softmax.template exponentiate<Mma>(s, pa);
       }
       q_done();
     }

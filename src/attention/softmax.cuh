@@ -10,8 +10,12 @@
 
 namespace fa3::attn {
 
-template <int kBlockN>
+// kLazy: keep a stale running max until a block's max exceeds it by more than 2^8 (FlashAttention-4's
+// conditional rescaling). Exponentials then reach at most 256 (harmless in fp32 and for bf16/fp16 P),
+// the final 1/sum makes the result exact, and most blocks need no O rescale at all.
+template <int kBlockN, bool kLazy = false>
 struct OnlineSoftmax {
+  static constexpr float kLazyThreshold = 8.f;  // log2 of the largest tolerated exponential
   static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
   float row_max[2];  // max(S) * scale_log2 so far, -inf before any visible key
   float row_sum[2];  // this thread's share of sum(exp2(S * scale_log2 - row_max))
@@ -32,8 +36,9 @@ struct OnlineSoftmax {
   }
 
   // Folds a new block's row maxima into the running max; `correction` is what O and the sums
-  // computed so far must be multiplied by (exp2(old max - new max)).
-  __device__ __forceinline__ void update_max(const float (&s)[kBlockN / 2], float (&correction)[2]) {
+  // computed so far must be multiplied by (exp2(old max - new max)). Returns whether any row of
+  // the warp needs that (warp-uniform, so the caller can skip rescaling O as a whole).
+  __device__ __forceinline__ bool update_max(const float (&s)[kBlockN / 2], float (&correction)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -42,25 +47,32 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(row_max[h], quad_max(mx[h]) * scale_log2);
-      correction[h] = m_new == -INFINITY ? 1.f : hopper::exp2_approx(row_max[h] - m_new);
+      const float block_max = quad_max(mx[h]) * scale_log2;
+      const bool grow = kLazy ? block_max > row_max[h] + kLazyThreshold : block_max > row_max[h];
+      const float m_new = grow ? block_max : row_max[h];
+      correction[h] = grow ? hopper::exp2_approx(row_max[h] - m_new) : 1.f;  // exp2(-inf) = 0 on the first block
       row_max[h] = m_new;
       row_sum[h] *= correction[h];
     }
+    return __any_sync(0xffffffff, correction[0] != 1.f || correction[1] != 1.f);
   }
 
-  // S := exp2(S * scale_log2 - row_max) in place, and adds the row sums.
-  __device__ __forceinline__ void exponentiate(float (&s)[kBlockN / 2]) {
+  // P := exp2(S * scale_log2 - row_max), packed two per register in the 16-bit A-fragment layout
+  // of the PV wgmma (k-step kb takes accumulator elements 8kb .. 8kb+7), and adds the row sums.
+  template <class Pack>
+  __device__ __forceinline__ void exponentiate(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
     const float sub0 = row_max[0] == -INFINITY ? 0.f : row_max[0];
     const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      s[4 * j + 0] = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
-      s[4 * j + 1] = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
-      s[4 * j + 2] = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
-      s[4 * j + 3] = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
-      row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
-      row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
+      const float e0 = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
+      const float e1 = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
+      const float e2 = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
+      const float e3 = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
+      row_sum[0] += e0 + e1;
+      row_sum[1] += e2 + e3;
+      p[j >> 1][2 * (j & 1) + 0] = Pack::pack(e0, e1);
+      p[j >> 1][2 * (j & 1) + 1] = Pack::pack(e2, e3);
     }
   }
 
