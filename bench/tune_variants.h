@@ -2,6 +2,8 @@
 // only with -DFA3_BUILD_TUNE=ON (tune_variants.cu), so that one GPU session can time several
 // configurations of a head dim side by side.  The product's choices live in fwd_config.h.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <string>
 #include <vector>
 
