@@ -6,7 +6,8 @@
 //   pingpong (kPingpong): warpgroups take turns issuing their GEMMs (named barriers), so one's
 //     softmax runs while the tensor cores work on the other's GEMMs;
 //   intra-warpgroup overlap (kOverlap): QK^T of block n is issued together with PV of block n+1,
-//     and the softmax of block n runs while that PV is still in flight.
+//     and the softmax of block n starts while that PV is still in flight (today only its row max:
+//     ptxas places the PV wait before the exponentials, see docs/perf-log.md step 4).
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_config.h"

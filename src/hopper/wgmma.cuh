@@ -39,13 +39,6 @@ __device__ __forceinline__ void fence_operand(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-template <int N>
-__device__ __forceinline__ void fence_operand(uint32_t (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
-}
 
 // The 16-bit element types fa3 multiplies: their wgmma wrappers and the f32x2 -> packed conversion.
 template <class T>
