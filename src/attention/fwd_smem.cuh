@@ -19,6 +19,7 @@ struct FwdSmem {
   static_assert(kKVPanelBytes % 1024 == 0 && kQPanelBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
   // Q is double-buffered when it fits, so the next tile's Q loads while this tile still runs
   // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
+  // (+1024 alignment slack, +256 an upper bound of the barriers, whose size depends on kQStages)
   static constexpr int kBytesWithoutQ =
       Cfg::kStages * 2 * kKVBytes + (Cfg::kOAliasesQ ? 0 : kQBytes) + 1024 + 256;
   static constexpr int kQStages = (!Cfg::kOAliasesQ && kBytesWithoutQ + 2 * kQBytes <= 227 * 1024) ? 2 : 1;

@@ -67,7 +67,7 @@ struct MainloopMma {
     hopper::fence_operand(s);
   }
 
-  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], uint32_t (&pa)[kN / 16][4], int stage) const {
+  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
     hopper::fence_operand(o);
     hopper::wgmma_fence();
     // V is [keys][d] with d contiguous: N-major B. LBO = bytes between 64-column panels of d,
@@ -137,8 +137,8 @@ struct MainloopMma {
         release(bars.k, k_st);
         if constexpr (kMasked) mask_if_needed(s, n, m_block);
         const bool any_rescale = softmax.update_max(s, corr);
-        // ptxas places this wait before any write to a register that some wgmma uses, so the
-        // exponentials (which end up in P) follow it; the row max above runs under the PV.
+        // P is written only after this wait (the PV in flight reads it). ptxas schedules the wait
+        // right after the row max anyway, whatever registers the exponentials use (perf-log step 4).
         hopper::wgmma_wait<0>();
         hopper::fence_operand(o);
         release(bars.v, v_st);
