@@ -232,9 +232,12 @@ int main(int argc, char** argv) {
   };
   if (o.ablation) {  // FlashAttention-3 Table 2 shape
     std::vector<Variant> vs;
-    constexpr int kFull = fa3::attn::kFullSchedule;
+    constexpr int kProduct = fa3::attn::FwdConfig<128>::kSchedule;
+    constexpr bool kHasPingpong = (kProduct & fa3::attn::kPingpong) != 0;
     const std::pair<int, const char*> scheds[] = {
-        {kFull, "full"}, {kFull & ~fa3::attn::kOverlap, "no intra-WG overlap"}, {kFull & ~fa3::attn::kPingpong, "no pingpong"}};
+        {kProduct, kHasPingpong ? "product (pingpong)" : "product (no pingpong)"},
+        {kProduct & ~fa3::attn::kOverlap, "no intra-WG overlap"},
+        {kProduct ^ fa3::attn::kPingpong, kHasPingpong ? "no pingpong" : "with pingpong"}};
     for (auto [sched, label] : scheds)
       vs.push_back({label, [sched = sched](const fa3::FwdArgs& a) {
                       return fa3::detail::hopper_fwd_schedule(fa3::detail::make_problem(a), sched, nullptr);

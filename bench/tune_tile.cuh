@@ -18,7 +18,9 @@ struct Tile {
 template <class Cfg, int kSched>
 void add_variant(std::vector<TuneVariant>& v) {
   std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOAliasesQ ? " O=Q" : "") +
-                     ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "");
+                     (Cfg::kStages != 2 ? " st" + std::to_string(Cfg::kStages) : "") +
+                     ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
+                     ((kSched & attn::kExpUnderPv) ? " xpv" : "");
   v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd_cfg<FA3_DTYPE_BF16, Cfg, false, kSched>});
   v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd_cfg<FA3_DTYPE_BF16, Cfg, true, kSched>});
 }

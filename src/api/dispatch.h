@@ -11,8 +11,8 @@ namespace fa3::detail {
 // else a short reason ("paged KV", ...).
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f);
 Status hopper_fwd(const FwdProblem& f, cudaStream_t stream);
-// The same kernel with one of its two schedules switched off (benchmark ablation; bf16, d 128,
-// no mask; always the 128x128 tile): sched = attn::kFullSchedule with kPingpong or kOverlap removed, or not.
+// The same kernel with one schedule flag changed (benchmark ablation; bf16, d 128, no mask; always
+// the 128x128 tile): sched = FwdConfig<128>::kSchedule as it is, without kOverlap, or with kPingpong flipped.
 Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream);
 
 // The simple fp32 kernel (src/oracle) that covers every forward feature.

@@ -6,27 +6,58 @@
 
 namespace fa3::attn {
 
-// kLongKeys: the variant used when seqlen_k >= kLongKeysThreshold (defaults to the same tile).
-template <int kHeadDim_, bool kLongKeys = false>
+// Compile-time switches of the kernel's scheduling techniques (FlashAttention-3 3.1, 3.2 and two
+// of ours); each tile's kSchedule below says which the product runs, the benchmark's ablation mode
+// flips one at a time.
+enum Schedule : int {
+  kPingpong = 1,  // warpgroups take turns issuing GEMMs so one's softmax hides under the other's
+  kOverlap = 2,   // issue QK^T of block n+1 before the softmax of block n, PV of block n under it
+  kLazyRescale = 4,  // rescale O only when a row max grows by > 2^8 (FlashAttention-4); see softmax.cuh
+  kExpUnderPv = 8,   // with kOverlap: the exponentials too run under the PV GEMM (P packed after it)
+  kFullSchedule = kPingpong | kOverlap | kLazyRescale | kExpUnderPv,
+};
+
+// kAlt selects a head dim's second tile, for the problems use_alt_tile() gives it (defaults to the
+// first).  kSchedule is what the product runs with a tile (the ablation removes one flag at a time).
+template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
 template <int kHeadDim_>
 struct FwdConfig<kHeadDim_, true> : FwdConfig<kHeadDim_, false> {};
-constexpr int kLongKeysThreshold = 8192;
 
+// d128: a 176-key block for long key sequences; d64: 128 query rows for short causal/local ones.
+inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
+  if (head_dim == 128) return seqlen_k >= 8192;
+  if (head_dim == 64) return masked && seqlen_q < 2048;
+  return false;
+}
+
+// d64 is softmax-bound (256 MMA FLOPs per exponential): a third consumer warpgroup adds softmax
+// throughput, but 192-row tiles waste more of the diagonal on short causal sequences.
 template <>
 struct FwdConfig<64, false> {
   static constexpr int kHeadDim = 64, kBlockM = 192, kBlockN = 128, kStages = 2;
   static constexpr bool kOAliasesQ = false;
+  static constexpr int kSchedule = kFullSchedule;
+};
+template <>
+struct FwdConfig<64, true> {
+  static constexpr int kHeadDim = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kOAliasesQ = false;
+  static constexpr int kSchedule = kFullSchedule;
 };
 template <>
 struct FwdConfig<96, false> {
   static constexpr int kHeadDim = 96, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kOAliasesQ = false;
+  static constexpr int kSchedule = kFullSchedule;
 };
+// d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking
+// turns only delays the GEMMs (2-5% slower at 2k-16k, perf-log step 8).
 template <>
 struct FwdConfig<128, false> {
   static constexpr int kHeadDim = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr bool kOAliasesQ = false;
+  static constexpr int kSchedule = kFullSchedule & ~kPingpong;
 };
 // Long key sequences at d128: a wider key block halves the per-block softmax overhead per FLOP;
 // the price (a single Q buffer that also stages O) only shows on short sequences, where 128 wins.
@@ -34,25 +65,19 @@ template <>
 struct FwdConfig<128, true> {
   static constexpr int kHeadDim = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
   static constexpr bool kOAliasesQ = true;
+  static constexpr int kSchedule = kFullSchedule & ~kPingpong;
 };
 template <>
 struct FwdConfig<192, false> {
   static constexpr int kHeadDim = 192, kBlockM = 128, kBlockN = 112, kStages = 2;
   static constexpr bool kOAliasesQ = true;
+  static constexpr int kSchedule = kFullSchedule;
 };
 template <>
 struct FwdConfig<256, false> {
   static constexpr int kHeadDim = 256, kBlockM = 128, kBlockN = 80, kStages = 2;
   static constexpr bool kOAliasesQ = true;
-};
-
-// Compile-time switches of the kernel's two scheduling techniques (FlashAttention-3 3.1, 3.2);
-// the product runs both, the benchmark's ablation mode turns them off one at a time.
-enum Schedule : int {
-  kPingpong = 1,  // warpgroups take turns issuing GEMMs so one's softmax hides under the other's
-  kOverlap = 2,   // issue QK^T of block n+1 before the softmax of block n, PV of block n under it
-  kLazyRescale = 4,  // rescale O only when a row max grows by > 2^8 (FlashAttention-4); see softmax.cuh
-  kFullSchedule = kPingpong | kOverlap | kLazyRescale,  // what the product runs
+  static constexpr int kSchedule = kFullSchedule;
 };
 
 }  // namespace fa3::attn

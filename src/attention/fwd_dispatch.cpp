@@ -20,17 +20,22 @@ const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
 
 namespace {
 
+template <int kDtype, bool kMasked, int kHeadDim>
+Status by_tile(const FwdProblem& f, cudaStream_t stream) {
+  using attn::FwdConfig;
+  if (attn::use_alt_tile(kHeadDim, kMasked, f.p->seqlen_q, f.p->seqlen_k))
+    return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, true>::kSchedule, true>(f, stream);
+  return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, false>::kSchedule, false>(f, stream);
+}
+
 template <int kDtype, bool kMasked>
 Status by_head_dim(const FwdProblem& f, cudaStream_t stream) {
-  constexpr int kSched = attn::kFullSchedule;
   switch (attn::padded_head_dim(f.p->head_dim_qk)) {
-    case 64: return attn::launch_fwd<kDtype, 64, kMasked, kSched>(f, stream);
-    case 96: return attn::launch_fwd<kDtype, 96, kMasked, kSched>(f, stream);
-    case 128:
-      if (f.p->seqlen_k >= attn::kLongKeysThreshold) return attn::launch_fwd<kDtype, 128, kMasked, kSched, true>(f, stream);
-      return attn::launch_fwd<kDtype, 128, kMasked, kSched>(f, stream);
-    case 192: return attn::launch_fwd<kDtype, 192, kMasked, kSched>(f, stream);
-    default: return attn::launch_fwd<kDtype, 256, kMasked, kSched>(f, stream);
+    case 64: return by_tile<kDtype, kMasked, 64>(f, stream);
+    case 96: return attn::launch_fwd<kDtype, 96, kMasked, attn::FwdConfig<96>::kSchedule, false>(f, stream);
+    case 128: return by_tile<kDtype, kMasked, 128>(f, stream);
+    case 192: return attn::launch_fwd<kDtype, 192, kMasked, attn::FwdConfig<192>::kSchedule, false>(f, stream);
+    default: return attn::launch_fwd<kDtype, 256, kMasked, attn::FwdConfig<256>::kSchedule, false>(f, stream);
   }
 }
 
@@ -54,12 +59,14 @@ Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream) 
   if (f.p->dtype != FA3_DTYPE_BF16 || attn::padded_head_dim(f.p->head_dim_qk) != 128 || f.has_mask() ||
       hopper_fwd_unsupported_reason(f) != nullptr)
     return not_supported("schedule ablation: only bf16, head dim 128, no mask");
-  constexpr int kFull = attn::kFullSchedule, kNoOverlap = kFull & ~attn::kOverlap, kNoPingpong = kFull & ~attn::kPingpong;
+  constexpr int kProduct = attn::FwdConfig<128>::kSchedule, kNoOverlap = kProduct & ~attn::kOverlap,
+                kPingpongFlipped = kProduct ^ attn::kPingpong;
   switch (sched) {
-    case kFull: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kFull>(f, stream);
-    case kNoOverlap: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kNoOverlap>(f, stream);
-    case kNoPingpong: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kNoPingpong>(f, stream);
-    default: return invalid("schedule ablation: sched must be the product's flags with at most one of pingpong/overlap removed");
+    case kProduct: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kProduct, false>(f, stream);
+    case kNoOverlap: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kNoOverlap, false>(f, stream);
+    case kPingpongFlipped: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kPingpongFlipped, false>(f, stream);
+    default:
+      return invalid("schedule ablation: sched must be the product's flags, without kOverlap, or with kPingpong flipped");
   }
 }
 

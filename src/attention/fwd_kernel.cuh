@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   auto release_q = [&] {
     if (thread == 0) bars.q.consumer_release(q_st);
   };
-  for (int step = 0, t; (t = tile_at_step(step, p)) < p.num_tiles; ++step) {
-    const WorkTile w = decode_tile(t, p);
+  WorkTile w;
+  for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
     const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
     if (r.empty()) {
       epilogue.store_zero(w);

@@ -85,14 +85,15 @@ Status launch_fwd_cfg(const detail::FwdProblem& f, cudaStream_t stream) {
   return Status();
 }
 
-template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kLongKeys>
+template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kAlt>
 Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
-  return launch_fwd_cfg<kDtype, FwdConfig<kHeadDim, kLongKeys>, kMasked, kSched>(f, stream);
+  return launch_fwd_cfg<kDtype, FwdConfig<kHeadDim, kAlt>, kMasked, kSched>(f, stream);
 }
 
 }  // namespace fa3::attn
 
 // One explicit instantiation per generated file (see CMakeLists.txt).
-#define FA3_INSTANTIATE_FWD(DTYPE, HDIM, MASKED, SCHED, LONG)                                          \
-  template fa3::Status fa3::attn::launch_fwd<DTYPE, HDIM, MASKED, SCHED, LONG>(const fa3::detail::FwdProblem&, \
-                                                                            cudaStream_t);
+// (SCHED: an expression in parentheses.)
+#define FA3_INSTANTIATE_FWD(DTYPE, HDIM, MASKED, SCHED, ALT)                                          \
+  template fa3::Status fa3::attn::launch_fwd<DTYPE, HDIM, MASKED, SCHED, ALT>(const fa3::detail::FwdProblem&, \
+                                                                           cudaStream_t);

@@ -8,8 +8,8 @@
 namespace fa3::attn {
 
 // kDtype: FA3_DTYPE_FP16 or FA3_DTYPE_BF16; kHeadDim: the padded head dim (64/96/128/192/256).
-// kLongKeys selects FwdConfig's variant for seqlen_k >= kLongKeysThreshold.
-template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kLongKeys = false>
+// kAlt selects the head dim's second tile (FwdConfig, use_alt_tile); kSched its schedule flags.
+template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kAlt>
 Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream);
 
 // The padded head dim of the kernel that serves head dim d (TMA zero-fills the extra columns).

@@ -6,8 +6,8 @@
 //   pingpong (kPingpong): warpgroups take turns issuing their GEMMs (named barriers), so one's
 //     softmax runs while the tensor cores work on the other's GEMMs;
 //   intra-warpgroup overlap (kOverlap): QK^T of block n is issued together with PV of block n+1,
-//     and the softmax of block n starts while that PV is still in flight (today only its row max:
-//     ptxas places the PV wait before the exponentials, see docs/perf-log.md step 4).
+//     and the softmax of block n (row max, and with kExpUnderPv the exponentials) runs while that
+//     PV is still in flight; only the O rescale and packing P wait for it.
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_config.h"
@@ -27,6 +27,7 @@ struct MainloopMma {
   static constexpr bool kUsePingpong = (kSched & Schedule::kPingpong) != 0;
   static constexpr bool kUseOverlap = (kSched & Schedule::kOverlap) != 0;
   static constexpr bool kLazyRescale = (kSched & Schedule::kLazyRescale) != 0;
+  static constexpr bool kExpUnderPv = (kSched & Schedule::kExpUnderPv) != 0;
   using Softmax = OnlineSoftmax<kN, kLazyRescale>;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
@@ -122,7 +123,8 @@ struct MainloopMma {
     release(bars.k, k_st);
     mask_if_needed(s, n, m_block);
     softmax.update_max(s, corr);
-    softmax.template exponentiate<Mma>(s, pa);
+    softmax.exponentiate(s);
+    Softmax::template pack<Mma>(s, pa);
 
     if constexpr (kUseOverlap) {
       for (--n; n >= r.n_min; --n) {
@@ -137,13 +139,17 @@ struct MainloopMma {
         release(bars.k, k_st);
         if constexpr (kMasked) mask_if_needed(s, n, m_block);
         const bool any_rescale = softmax.update_max(s, corr);
-        // P is written only after this wait (the PV in flight reads it). ptxas schedules the wait
-        // right after the row max anyway, whatever registers the exponentials use (perf-log step 4).
+        if constexpr (kExpUnderPv) {
+          softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
+          // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
+          hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
+        }
         hopper::wgmma_wait<0>();
         hopper::fence_operand(o);
         release(bars.v, v_st);
         if (any_rescale) rescale(o, corr);
-        softmax.template exponentiate<Mma>(s, pa);
+        if constexpr (!kExpUnderPv) softmax.exponentiate(s);
+        Softmax::template pack<Mma>(s, pa);
       }
       q_done();
       bars.v.consumer_wait(v_st);
@@ -171,7 +177,8 @@ struct MainloopMma {
         release(bars.k, k_st);
         if constexpr (kMasked) mask_if_needed(s, n, m_block);
         if (softmax.update_max(s, corr)) rescale(o, corr);
-        softmax.template exponentiate<Mma>(s, pa);
+        softmax.exponentiate(s);
+        Softmax::template pack<Mma>(s, pa);
       }
       q_done();
     }

@@ -57,22 +57,30 @@ struct OnlineSoftmax {
     return __any_sync(0xffffffff, correction[0] != 1.f || correction[1] != 1.f);
   }
 
-  // P := exp2(S * scale_log2 - row_max), packed two per register in the 16-bit A-fragment layout
-  // of the PV wgmma (k-step kb takes accumulator elements 8kb .. 8kb+7), and adds the row sums.
-  template <class Pack>
-  __device__ __forceinline__ void exponentiate(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+  // S := exp2(S * scale_log2 - row_max) in place (P in fp32), and adds the row sums.  P is packed to
+  // 16 bits by pack() separately: the mainloop computes the exponentials while the previous PV
+  // GEMM still reads the packed P registers.
+  __device__ __forceinline__ void exponentiate(float (&s)[kBlockN / 2]) {
     const float sub0 = row_max[0] == -INFINITY ? 0.f : row_max[0];
     const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      const float e0 = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
-      const float e1 = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
-      const float e2 = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
-      const float e3 = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
-      row_sum[0] += e0 + e1;
-      row_sum[1] += e2 + e3;
-      p[j >> 1][2 * (j & 1) + 0] = Pack::pack(e0, e1);
-      p[j >> 1][2 * (j & 1) + 1] = Pack::pack(e2, e3);
+      s[4 * j + 0] = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
+      s[4 * j + 1] = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
+      s[4 * j + 2] = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
+      s[4 * j + 3] = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
+      row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
+      row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
+    }
+  }
+  // P in the 16-bit A-fragment layout of the PV wgmma, two per register (k-step kb takes
+  // accumulator elements 8kb .. 8kb+7).
+  template <class Pack>
+  __device__ __forceinline__ static void pack(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      p[j >> 1][2 * (j & 1) + 0] = Pack::pack(s[4 * j + 0], s[4 * j + 1]);
+      p[j >> 1][2 * (j & 1) + 1] = Pack::pack(s[4 * j + 2], s[4 * j + 3]);
     }
   }
 

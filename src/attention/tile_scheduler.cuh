@@ -1,10 +1,20 @@
-// Persistent tile scheduler: a grid of (at most) one CTA per SM walks the tiles
-// (m_block, head, batch) with a stride of gridDim.x.  Unmasked problems go m_block-fastest so that
-// CTAs running at the same time share a head's K/V in L2.  Masked (causal/local) problems go
-// longest-first (largest m_block first: bottom-right causal rows see the most keys), so the
-// short tiles fill the machine at the end instead of a long one starting last, and snake across
-// waves (odd waves reversed): with a plain stride CTA 0 would take the longest tile of every wave
-// and finish one whole tile later than the last CTA.
+// Persistent tile scheduler: a grid of (at most) one CTA per SM; CTA `cta` runs the tiles
+// (m_block, head, batch) that tile_at_step() gives for steps 0, 1, 2, ... until it returns false.
+//
+// Unmasked problems: every tile costs the same; tiles go m_block-fastest with a stride of the
+// grid, so CTAs running at the same time share one head's K/V in L2.
+//
+// Masked (causal) problems: tile m_block sees about m_block + 1 key blocks. Two parts:
+//  1. Pairs. Tiles m and M-1-m of one head together always cost about M+1 blocks, so CTAs that
+//     take one pair per round stay balanced whatever the order; the pairs go head by head, so the
+//     CTAs running at the same time share a few heads' K/V in L2.  (A longest-first walk over all
+//     heads at once balanced as well, but streamed every head's K/V through L2 for each wave of
+//     m_blocks: 64% L2 hits and 30% of DRAM bandwidth at d128 causal 8k, against 92% and 7% now,
+//     and 6-25% slower; docs/perf-log.md step 7.)
+//  2. The tail, longest first: the pairs of the last two rounds would leave CTAs idle (pairs do
+//     not divide the grid), and an odd M's middle tiles cost half a pair, so these tiles go in
+//     decreasing m order, snaking across waves (odd waves reversed), and the shortest tiles fill
+//     the gaps at the end.
 #pragma once
 #include "src/attention/fwd_params.h"
 
@@ -14,19 +24,48 @@ struct WorkTile {
   int m_block, head, batch;
 };
 
-// The linear tile index of this CTA's step-th tile (>= num_tiles: done).
-__device__ __forceinline__ int tile_at_step(int step, const FwdKernelParams& p) {
-  const int grid = gridDim.x, cta = blockIdx.x;
-  return step * grid + ((p.lpt_order && (step & 1)) ? grid - 1 - cta : cta);
-}
-
-__device__ __forceinline__ WorkTile decode_tile(int t, const FwdKernelParams& p) {
-  if (p.lpt_order) {
-    const int bh = t % (p.batch * p.heads_q), m = p.num_m_blocks - 1 - t / (p.batch * p.heads_q);
-    return {m, bh % p.heads_q, bh / p.heads_q};
+// The tile of CTA `cta` (of `grid`) at its step-th step; false when the CTA has no more steps.
+__host__ __device__ inline bool tile_at_step(int step, int cta, int grid, const FwdKernelParams& p, WorkTile& w) {
+  const int num_bh = p.batch * p.heads_q, m_blocks = p.num_m_blocks;
+  auto set = [&](int bh, int m) {
+    w = {m, bh % p.heads_q, bh / p.heads_q};
+    return true;
+  };
+  if (!p.lpt_order) {
+    const int t = step * grid + cta;
+    if (t >= p.num_tiles) return false;
+    return set(t / m_blocks, t % m_blocks);
   }
-  const int bh = t / p.num_m_blocks;
-  return {t % p.num_m_blocks, bh % p.heads_q, bh / p.heads_q};
+  // 1. Pairs (i, M-1-i), i < slots, of each head in turn.
+  const int slots = m_blocks / 2, pairs = num_bh * slots;
+  const int rounds = pairs / grid > 1 ? pairs / grid - 1 : 0;
+  if (step < 2 * rounds) {
+    const int pair = (step / 2) * grid + cta, bh = pair / slots, i = pair % slots;
+    return set(bh, step % 2 == 0 ? m_blocks - 1 - i : i);
+  }
+  // 2. The tail in decreasing m: head h0 has the band [i0, M-1-i0] of its m_blocks left (its outer
+  // pairs were done in part 1), the nh heads after it have all of theirs, and with an odd M every
+  // head has its middle tile left.  Each run of rows (consecutive m) has the same heads left.
+  const int j = step - 2 * rounds;
+  int u = j * grid + (j % 2 ? grid - 1 - cta : cta);
+  const int done = rounds * grid, h0 = slots ? done / slots : 0, i0 = slots ? done % slots : 0;
+  const int nh = num_bh - 1 - h0;
+  auto rows = [&](int n_rows, int top_m, int first_bh, int count) {  // false: u lies past them
+    if (u < n_rows * count) return set(first_bh + u % count, top_m - u / count);
+    u -= n_rows * count;
+    return false;
+  };
+  const int top_band = m_blocks - 1 - i0;
+  if (rows(i0, m_blocks - 1, h0 + 1, nh)) return true;  // above the band
+  if (m_blocks % 2 == 0) {
+    if (rows(top_band - i0 + 1, top_band, h0, nh + 1)) return true;
+  } else {
+    const int mid = m_blocks / 2;
+    if (rows(top_band - mid, top_band, h0, nh + 1) || rows(1, mid, 0, num_bh) ||
+        rows(mid - i0, mid - 1, h0, nh + 1))
+      return true;
+  }
+  return rows(i0, i0 - 1, h0 + 1, nh);  // below the band
 }
 
 }  // namespace fa3::attn

@@ -59,6 +59,14 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // only after this fence in each writing thread, followed by a barrier.
 __device__ __forceinline__ void fence_view_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }
 
+// Ends the basic block once `never_minus_one` is computed (a branch that is never taken; the
+// value must never be -1, e.g. a sum of exponentials). ptxas schedules within basic blocks and
+// hoists wgmma waits above independent work there; code before this call stays before such a wait.
+// The branch body must return: with a trap there ptxas serialises every wgmma (C7512).
+__device__ __forceinline__ void end_block_after(float never_minus_one) {
+  if (never_minus_one == -1.f) asm volatile("nanosleep.u32 1;");
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device-side profiling of the forward kernel on a few shapes: per-instruction stall samples and
+# a few whole-kernel metrics (tensor pipe, issue, per-SM active-cycle spread), summaries last.
+#   run(command="tools/profile-once.sh", carry=["build/release"])
+# Environment: SHAPES ("hdim:seqlen:causal ..."), OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}; B=${FA3_BUILD:-build/release}; mkdir -p "$OUT"
+for shape in ${SHAPES:-128:1024:1 128:8192:1 128:8192:0}; do
+  IFS=: read -r d s c <<<"$shape"; tag="d${d}_s${s}_c${c}"
+  args="--hdim $d --seqlen $s --causal $c --warmup 1 --iters 2"
+  timeout 200 ncu --clock-control none -k regex:fwd_kernel --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SpeedOfLight --section LaunchStats \
+    --metrics sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpc__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second \
+    -o "$OUT/$tag" -f "$B/fa3-bench" $args > "$OUT/$tag.log" 2>&1
+  ncu --import "$OUT/$tag.ncu-rep" --page raw --csv > "$OUT/$tag.raw.csv" 2>&1
+  ncu --import "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.src.csv" 2>&1
+  python3 tools/ncu-stalls.py "$OUT/$tag.src.csv" --top 45 > "$OUT/$tag.stalls.txt" 2>&1
+  python3 - "$OUT/$tag.raw.csv" > "$OUT/$tag.metrics.txt" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+h = rows[0]; v = rows[2] if len(rows) > 2 else []
+for i, name in enumerate(h):
+    if i < len(v):
+        print(f"{name} = {v[i]}")
+PY
+done
+rm -f "$OUT"/*.ncu-rep "$OUT"/*.raw.csv "$OUT"/*.src.csv "$OUT"/*.log
+for f in "$OUT"/*.metrics.txt; do echo "=== $f"; grep -E "time_duration|sm__cycles_active.(min|avg|max)|hmma_cycles_active.avg.pct|hit_rate|dram__throughput.avg|sm__cycles_elapsed.avg.per_second" "$f"; done
