@@ -50,7 +50,7 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_v);
     WorkTile w;
     for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
-        const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
+      const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
       if (r.empty()) continue;  // the consumers write zeros without touching smem
       const int kv_head = w.head / p.head_ratio;
       // The first K block does not depend on Q's buffer: start it before waiting for Q to drain.
