@@ -15,9 +15,15 @@ template <class Cfg>
 struct FwdLaunchShape {
   static constexpr int kConsumers = Cfg::kBlockM / 64;
   static constexpr int kThreads = (kConsumers + 1) * hopper::kWarpgroupSize;
-  // The register file (64K) split so the TMA warpgroup keeps the minimum (FlashAttention-3's budgets).
+  // Registers move from the TMA warpgroup to the consumers (FlashAttention-3's budgets). The
+  // consumers' setmaxnreg.inc draws only on what this CTA's warps released, not on the SM's
+  // unallocated registers, so from the launch share (65536 / threads, rounded down to 8) the
+  // producer must release at least what the consumers take: 32 / 240 with 2 consumers hung.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
+                "setmaxnreg.inc would wait forever for registers");
 };
 
 template <class Elem, class Cfg, bool kMasked, int kSched>
