@@ -23,8 +23,9 @@ namespace {
 template <int kDtype, bool kMasked, int kHeadDim>
 Status by_tile(const FwdProblem& f, cudaStream_t stream) {
   using attn::FwdConfig;
-  if (attn::use_alt_tile(kHeadDim, kMasked, f.p->seqlen_q, f.p->seqlen_k))
-    return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, true>::kSchedule, true>(f, stream);
+  if constexpr (attn::has_alt_tile(kHeadDim, kMasked))
+    if (attn::use_alt_tile(kHeadDim, kMasked, f.p->seqlen_q, f.p->seqlen_k))
+      return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, true>::kSchedule, true>(f, stream);
   return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, false>::kSchedule, false>(f, stream);
 }
 
@@ -35,7 +36,7 @@ Status by_head_dim(const FwdProblem& f, cudaStream_t stream) {
     case 96: return attn::launch_fwd<kDtype, 96, kMasked, attn::FwdConfig<96>::kSchedule, false>(f, stream);
     case 128: return by_tile<kDtype, kMasked, 128>(f, stream);
     case 192: return attn::launch_fwd<kDtype, 192, kMasked, attn::FwdConfig<192>::kSchedule, false>(f, stream);
-    default: return attn::launch_fwd<kDtype, 256, kMasked, attn::FwdConfig<256>::kSchedule, false>(f, stream);
+    default: return by_tile<kDtype, kMasked, 256>(f, stream);
   }
 }
 
