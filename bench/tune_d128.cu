@@ -1,13 +1,11 @@
 #include "bench/tune_tile.cuh"
 
+// Candidates of perf-log step 11 (the product's tiles are in fwd_config.h).
 namespace fa3::bench {
 void add_d128(std::vector<TuneVariant>& v) {
-  constexpr int kFull = attn::kFullSchedule;
-  add_variant<Tile<128, 128, 128, 2, false>, kFull>(v);
-  add_variant<Tile<128, 128, 128, 2, false>, kFull & ~attn::kPingpong>(v);
-  add_variant<Tile<128, 128, 128, 2, false>, kFull & ~attn::kExpUnderPv>(v);
-  add_variant<Tile<128, 128, 176, 2, true>, kFull>(v);
-  add_variant<Tile<128, 128, 176, 2, true>, kFull & ~attn::kPingpong>(v);
-  add_variant<Tile<128, 128, 176, 2, true>, kFull & ~attn::kExpUnderPv>(v);
+  constexpr int kProduct = attn::FwdConfig<128>::kSchedule;
+  add_variant<Tile<128, 128, 64, 4, false>, kProduct>(v);
+  add_variant<Tile<128, 128, 64, 4, false>, kProduct | attn::kPingpong>(v);
+  add_variant<Tile<128, 128, 192, 2, true>, kProduct>(v);
 }
 }  // namespace fa3::bench

@@ -18,7 +18,7 @@ struct FwdKernelParams {
   float scale_log2;                // softmax scale * log2(e): scores go straight into exp2
   int window_left, window_right;   // -1 = unbounded; causal is window_right = 0
   int num_m_blocks, num_tiles;
-  bool lpt_order;                  // longest-processing-time-first tile order (masked problems)
+  bool lpt_order;                  // masked problems: the paired + longest-first order (tile_scheduler.cuh)
 };
 
 }  // namespace fa3::attn
