@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device-side profiling of the forward kernel on a few shapes: per-instruction stall samples and
 # a few whole-kernel metrics (tensor pipe, issue, per-SM active-cycle spread), summaries last.
-#   run(command="tools/profile-once.sh", carry=["build/release"])
+#   run(command="FA3_BUILD=build/carry tools/profile-once.sh", carry=["build/carry"])  (tools/pack-build.sh)
 # Environment: SHAPES ("hdim:seqlen:causal ..."), OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
