@@ -1,4 +1,4 @@
-// Helpers of the tuning variants: an ad-hoc tile configuration and its registry entry.
+// Helper of the tuning variants: the registry entry of a tile configuration.
 #pragma once
 #include <string>
 #include <vector>
@@ -8,21 +8,18 @@
 
 namespace fa3::bench {
 
-template <int kD, int kM, int kN, int kS, bool kAlias>
-struct Tile {
-  static constexpr int kHeadDim = kD, kBlockM = kM, kBlockN = kN, kStages = kS;
-  static constexpr bool kOAliasesQ = kAlias;
-};
+using attn::TileConfig;
 
-// Both mask variants of one tile configuration with schedule flags `kSched` (fwd_config.h).
-template <class Cfg, int kSched>
+// Both mask variants of one tile configuration (fwd_config.h's TileConfig) with its schedule flags.
+template <class Cfg>
 void add_variant(std::vector<TuneVariant>& v) {
+  constexpr int kSched = Cfg::kSchedule;
   std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOAliasesQ ? " O=Q" : "") +
                      (Cfg::kStages != 2 ? " st" + std::to_string(Cfg::kStages) : "") +
                      ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
                      ((kSched & attn::kExpUnderPv) ? " xpv" : "");
-  v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd_cfg<FA3_DTYPE_BF16, Cfg, false, kSched>});
-  v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd_cfg<FA3_DTYPE_BF16, Cfg, true, kSched>});
+  v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, false>});
+  v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, true>});
 }
 
 void add_d64(std::vector<TuneVariant>& v);

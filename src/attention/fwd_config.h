@@ -17,12 +17,24 @@ enum Schedule : int {
   kFullSchedule = kPingpong | kOverlap | kLazyRescale | kExpUnderPv,
 };
 
-// kAlt selects a head dim's second tile, for the problems use_alt_tile() gives it (defaults to the
-// first).  kSchedule is what the product runs with a tile (the ablation removes one flag at a time).
+// One tile configuration: kBlockM query rows (64 per consumer warpgroup) x kBlockN keys per block,
+// kStages K/V buffers, O staged in Q's buffer or its own, and the schedule flags it runs with.
+template <int kD, int kM, int kN, int kS, bool kOInQ, int kSched = kFullSchedule>
+struct TileConfig {
+  static constexpr int kHeadDim = kD, kBlockM = kM, kBlockN = kN, kStages = kS;
+  static constexpr bool kOAliasesQ = kOInQ;
+  static constexpr int kSchedule = kSched;
+};
+// A tile with other schedule flags (the benchmark's ablation).
+template <class Cfg, int kSched>
+struct WithSchedule : Cfg {
+  static constexpr int kSchedule = kSched;
+};
+
+// The product's tiles. kAlt selects a head dim's second tile, for the problems use_alt_tile()
+// gives it (only where has_alt_tile()).
 template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
-template <int kHeadDim_>
-struct FwdConfig<kHeadDim_, true> : FwdConfig<kHeadDim_, false> {};
 
 // d128: a 176-key block for long key sequences; d64: 128 query rows for short causal/local ones;
 // d256: a 64-key block for short key sequences. has_alt_tile: which (head dim, mask) pairs have a
@@ -40,58 +52,26 @@ inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) 
 // d64 is softmax-bound (256 MMA FLOPs per exponential): a third consumer warpgroup adds softmax
 // throughput, but 192-row tiles waste more of the diagonal on short causal sequences.
 template <>
-struct FwdConfig<64, false> {
-  static constexpr int kHeadDim = 64, kBlockM = 192, kBlockN = 128, kStages = 2;
-  static constexpr bool kOAliasesQ = false;
-  static constexpr int kSchedule = kFullSchedule;
-};
+struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false> {};
 template <>
-struct FwdConfig<64, true> {
-  static constexpr int kHeadDim = 64, kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr bool kOAliasesQ = false;
-  static constexpr int kSchedule = kFullSchedule;
-};
+struct FwdConfig<64, true> : TileConfig<64, 128, 128, 2, false> {};
 template <>
-struct FwdConfig<96, false> {
-  static constexpr int kHeadDim = 96, kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr bool kOAliasesQ = false;
-  static constexpr int kSchedule = kFullSchedule;
-};
+struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
 // d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking
 // turns only delays the GEMMs (2-5% slower at 2k-16k, perf-log step 8).
 template <>
-struct FwdConfig<128, false> {
-  static constexpr int kHeadDim = 128, kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr bool kOAliasesQ = false;
-  static constexpr int kSchedule = kFullSchedule & ~kPingpong;
-};
+struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kFullSchedule & ~kPingpong> {};
 // Long key sequences at d128: a wider key block cuts the per-block softmax overhead per FLOP by a quarter;
 // the price (a single Q buffer that also stages O) only shows on short sequences, where 128 wins.
 template <>
-struct FwdConfig<128, true> {
-  static constexpr int kHeadDim = 128, kBlockM = 128, kBlockN = 176, kStages = 2;
-  static constexpr bool kOAliasesQ = true;
-  static constexpr int kSchedule = kFullSchedule & ~kPingpong;
-};
+struct FwdConfig<128, true> : TileConfig<128, 128, 176, 2, true, kFullSchedule & ~kPingpong> {};
 template <>
-struct FwdConfig<192, false> {
-  static constexpr int kHeadDim = 192, kBlockM = 128, kBlockN = 112, kStages = 2;
-  static constexpr bool kOAliasesQ = true;
-  static constexpr int kSchedule = kFullSchedule;
-};
+struct FwdConfig<192, false> : TileConfig<192, 128, 112, 2, true> {};
 template <>
-struct FwdConfig<256, false> {
-  static constexpr int kHeadDim = 256, kBlockM = 128, kBlockN = 80, kStages = 2;
-  static constexpr bool kOAliasesQ = true;
-  static constexpr int kSchedule = kFullSchedule;
-};
+struct FwdConfig<256, false> : TileConfig<256, 128, 80, 2, true> {};
 // Short key sequences at d256: 64-key blocks waste less of the last (partial) block and of the
 // causal diagonal: +5% at 512, +1-4% at 1k-2k, but 2-4% slower at 8k-16k causal (perf-log step 11).
 template <>
-struct FwdConfig<256, true> {
-  static constexpr int kHeadDim = 256, kBlockM = 128, kBlockN = 64, kStages = 2;
-  static constexpr bool kOAliasesQ = true;
-  static constexpr int kSchedule = kFullSchedule;
-};
+struct FwdConfig<256, true> : TileConfig<256, 128, 64, 2, true> {};
 
 }  // namespace fa3::attn

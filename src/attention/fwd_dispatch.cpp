@@ -25,17 +25,17 @@ Status by_tile(const FwdProblem& f, cudaStream_t stream) {
   using attn::FwdConfig;
   if constexpr (attn::has_alt_tile(kHeadDim, kMasked))
     if (attn::use_alt_tile(kHeadDim, kMasked, f.p->seqlen_q, f.p->seqlen_k))
-      return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, true>::kSchedule, true>(f, stream);
-  return attn::launch_fwd<kDtype, kHeadDim, kMasked, FwdConfig<kHeadDim, false>::kSchedule, false>(f, stream);
+      return attn::launch_fwd<kDtype, FwdConfig<kHeadDim, true>, kMasked>(f, stream);
+  return attn::launch_fwd<kDtype, FwdConfig<kHeadDim, false>, kMasked>(f, stream);
 }
 
 template <int kDtype, bool kMasked>
 Status by_head_dim(const FwdProblem& f, cudaStream_t stream) {
   switch (attn::padded_head_dim(f.p->head_dim_qk)) {
     case 64: return by_tile<kDtype, kMasked, 64>(f, stream);
-    case 96: return attn::launch_fwd<kDtype, 96, kMasked, attn::FwdConfig<96>::kSchedule, false>(f, stream);
+    case 96: return by_tile<kDtype, kMasked, 96>(f, stream);
     case 128: return by_tile<kDtype, kMasked, 128>(f, stream);
-    case 192: return attn::launch_fwd<kDtype, 192, kMasked, attn::FwdConfig<192>::kSchedule, false>(f, stream);
+    case 192: return by_tile<kDtype, kMasked, 192>(f, stream);
     default: return by_tile<kDtype, kMasked, 256>(f, stream);
   }
 }
@@ -60,12 +60,15 @@ Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream) 
   if (f.p->dtype != FA3_DTYPE_BF16 || attn::padded_head_dim(f.p->head_dim_qk) != 128 || f.has_mask() ||
       hopper_fwd_unsupported_reason(f) != nullptr)
     return not_supported("schedule ablation: only bf16, head dim 128, no mask");
-  constexpr int kProduct = attn::FwdConfig<128>::kSchedule, kNoOverlap = kProduct & ~attn::kOverlap,
+  using Product = attn::FwdConfig<128>;
+  constexpr int kProduct = Product::kSchedule, kNoOverlap = kProduct & ~attn::kOverlap,
                 kPingpongFlipped = kProduct ^ attn::kPingpong;
   switch (sched) {
-    case kProduct: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kProduct, false>(f, stream);
-    case kNoOverlap: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kNoOverlap, false>(f, stream);
-    case kPingpongFlipped: return attn::launch_fwd<FA3_DTYPE_BF16, 128, false, kPingpongFlipped, false>(f, stream);
+    case kProduct: return attn::launch_fwd<FA3_DTYPE_BF16, Product, false>(f, stream);
+    case kNoOverlap:
+      return attn::launch_fwd<FA3_DTYPE_BF16, attn::WithSchedule<Product, kNoOverlap>, false>(f, stream);
+    case kPingpongFlipped:
+      return attn::launch_fwd<FA3_DTYPE_BF16, attn::WithSchedule<Product, kPingpongFlipped>, false>(f, stream);
     default:
       return invalid("schedule ablation: sched must be the product's flags, without kOverlap, or with kPingpong flipped");
   }

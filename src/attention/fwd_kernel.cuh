@@ -26,7 +26,7 @@ struct FwdLaunchShape {
                 "setmaxnreg.inc would wait forever for registers");
 };
 
-template <class Elem, class Cfg, bool kMasked, int kSched>
+template <class Elem, class Cfg, bool kMasked>
 __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   using Shape = FwdLaunchShape<Cfg>;
   extern __shared__ uint8_t smem_raw[];
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
 
   hopper::setmaxnreg_inc<Shape::kConsumerRegs>();
   const int consumer = wg - 1, thread = threadIdx.x % hopper::kWarpgroupSize;
-  MainloopMma<Elem, Cfg, kMasked, kSched> mainloop{p, smem, consumer, thread};
+  MainloopMma<Elem, Cfg, kMasked> mainloop{p, smem, consumer, thread};
   const Epilogue<Elem, Cfg> epilogue{p, smem, consumer, thread};
   mainloop.start_turns();
   hopper::PipelineState<FwdSmem<Cfg>::kQStages> q_st;
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
     }
     bars.q.consumer_wait(q_st);
     float o[Cfg::kHeadDim / 2];
-    typename MainloopMma<Elem, Cfg, kMasked, kSched>::Softmax softmax(p.scale_log2);
+    typename MainloopMma<Elem, Cfg, kMasked>::Softmax softmax(p.scale_log2);
     // With O staged in Q's buffer, Q is released only after the O store has read it.
     mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] {
       if constexpr (!Cfg::kOAliasesQ) release_q();

@@ -44,9 +44,10 @@ inline Status sm_count(int* count) {
   return Status();
 }
 
-// Any tile configuration (the tuning benchmark instantiates others than FwdConfig's).
-template <int kDtype, class Cfg, bool kMasked, int kSched>
-Status launch_fwd_cfg(const detail::FwdProblem& f, cudaStream_t stream) {
+// Declared in fwd_launch.h; instantiated per generated file for the product's tiles (FwdConfig) and
+// by the tuning benchmark for other TileConfigs.
+template <int kDtype, class Cfg, bool kMasked>
+Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   using Elem = ElemOf<kDtype>;
   const fa3_fwd_params& a = *f.p;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -74,7 +75,7 @@ Status launch_fwd_cfg(const detail::FwdProblem& f, cudaStream_t stream) {
   p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
   p.lpt_order = kMasked;
 
-  auto kernel = fwd_kernel<Elem, Cfg, kMasked, kSched>;
+  auto kernel = fwd_kernel<Elem, Cfg, kMasked>;
   constexpr int kSmem = FwdSmem<Cfg>::kBytes;
   FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   int sms = 0;
@@ -85,15 +86,9 @@ Status launch_fwd_cfg(const detail::FwdProblem& f, cudaStream_t stream) {
   return Status();
 }
 
-template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kAlt>
-Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
-  return launch_fwd_cfg<kDtype, FwdConfig<kHeadDim, kAlt>, kMasked, kSched>(f, stream);
-}
-
 }  // namespace fa3::attn
 
-// One explicit instantiation per generated file (see CMakeLists.txt).
-// (SCHED: an expression in parentheses.)
-#define FA3_INSTANTIATE_FWD(DTYPE, HDIM, MASKED, SCHED, ALT)                                          \
-  template fa3::Status fa3::attn::launch_fwd<DTYPE, HDIM, MASKED, SCHED, ALT>(const fa3::detail::FwdProblem&, \
-                                                                           cudaStream_t);
+// One explicit instantiation per generated file (see CMakeLists.txt); the tile type comes last, as
+// variadic arguments, because it contains commas.
+#define FA3_INSTANTIATE_FWD(DTYPE, MASKED, ...) \
+  template fa3::Status fa3::attn::launch_fwd<DTYPE, __VA_ARGS__, MASKED>(const fa3::detail::FwdProblem&, cudaStream_t);

@@ -7,9 +7,9 @@
 
 namespace fa3::attn {
 
-// kDtype: FA3_DTYPE_FP16 or FA3_DTYPE_BF16; kHeadDim: the padded head dim (64/96/128/192/256).
-// kAlt selects the head dim's second tile (FwdConfig, use_alt_tile); kSched its schedule flags.
-template <int kDtype, int kHeadDim, bool kMasked, int kSched, bool kAlt>
+// kDtype: FA3_DTYPE_FP16 or FA3_DTYPE_BF16; Cfg: a tile configuration of fwd_config.h (its head dim
+// is the padded one, 64/96/128/192/256), which also carries the schedule flags.
+template <int kDtype, class Cfg, bool kMasked>
 Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream);
 
 // The padded head dim of the kernel that serves head dim d (TMA zero-fills the extra columns).

@@ -18,8 +18,9 @@
 
 namespace fa3::attn {
 
-template <class Elem, class Cfg, bool kMasked, int kSched>
+template <class Elem, class Cfg, bool kMasked>
 struct MainloopMma {
+  static constexpr int kSched = Cfg::kSchedule;
   using Smem = FwdSmem<Cfg>;
   using Mma = hopper::Mma16<Elem>;
   static constexpr int kD = Cfg::kHeadDim, kN = Cfg::kBlockN, kM = Cfg::kBlockM;
