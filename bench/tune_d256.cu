@@ -1,9 +1,6 @@
 #include "bench/tune_tile.cuh"
 
-// Candidates of perf-log step 11 (the product's tiles are in fwd_config.h).
+// No d256 candidates at the moment (perf-log step 11 tried 128x64 / 128x80 without pingpong).
 namespace fa3::bench {
-void add_d256(std::vector<TuneVariant>& v) {
-  add_variant<TileConfig<256, 128, 64, 2, true, attn::kFullSchedule & ~attn::kPingpong>>(v);
-  add_variant<TileConfig<256, 128, 80, 2, true, attn::kFullSchedule & ~attn::kPingpong>>(v);
-}
+void add_d256(std::vector<TuneVariant>&) {}
 }  // namespace fa3::bench

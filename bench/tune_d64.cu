@@ -1,9 +1,9 @@
 #include "bench/tune_tile.cuh"
 
-// Candidates of perf-log step 11 (the product's tiles are in fwd_config.h).
+// Candidates of perf-log step 13: the product's d64 tiles with the other cross-tile choice.
 namespace fa3::bench {
 void add_d64(std::vector<TuneVariant>& v) {
-  add_variant<TileConfig<64, 128, 64, 4, false>>(v);
-  add_variant<TileConfig<64, 128, 128, 4, false>>(v);
+  add_variant<attn::WithSchedule<attn::FwdConfig<64, false>, attn::FwdConfig<64, false>::kSchedule | attn::kCrossTile>>(v);
+  add_variant<attn::WithSchedule<attn::FwdConfig<64, true>, attn::FwdConfig<64, true>::kSchedule & ~attn::kCrossTile>>(v);
 }
 }  // namespace fa3::bench

@@ -1,5 +1,6 @@
 // The Hopper layer on its own: TMA round trip and the swizzle formula, one wgmma tile (SS and RS,
-// as the attention kernel uses them) against a CPU GEMM, and a TMA/mbarrier ring that wraps many times.
+// as the attention kernel uses them) against a CPU GEMM, a TMA/mbarrier ring that wraps many times,
+// and the same ring shared by a 2-CTA cluster (multicast loads, remote releases).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -256,6 +257,78 @@ TEST(HopperPrims, PipelineRingWrapsManyTimes) {
     for (int i = 0; i < kBlockRows * 64; ++i) want += vals[size_t(n) * kBlockRows * 64 + i];
     EXPECT_NEAR(got[n], want, 1e-2 * (1 + std::fabs(want))) << "block " << n;
   }
+}
+
+// ---- 4. the ring shared by a 2-CTA cluster: each CTA's producer loads half of every block and
+// multicasts it into both CTAs; a stage is refilled only after both CTAs' consumers released it.
+// CTA 1's consumers are slow, so CTA 0's producer must wait on them (else CTA 1 reads new data).
+constexpr int kHalfRows = kBlockRows / 2;
+
+__global__ void __cluster_dims__(2, 1, 1) cluster_ring(const __grid_constant__ CUtensorMap half_map, float* sums) {
+  __shared__ alignas(1024) uint8_t buf[kStages][kBlockBytes];
+  __shared__ PipelineBarriers<kStages> bars;
+  if (threadIdx.x == 0) {
+    bars.init(2);  // one consumer warpgroup in each of the 2 CTAs
+    mbarrier_init_fence();
+  }
+  cluster_sync();
+  const uint32_t rank = cluster_ctarank();
+  if (threadIdx.x >= 128) {
+    if (threadIdx.x == 128) {
+      PipelineState<kStages> st;
+      for (int n = 0; n < kBlocks; ++n) {
+        bars.producer_acquire(st);
+        mbarrier_arrive_expect_tx(&bars.full[st.index], kBlockBytes);  // both halves land here
+        tma_load_4d_multicast(buf[st.index] + rank * kHalfRows * 128, &half_map, 0, n * kBlockRows + rank * kHalfRows,
+                              0, 0, &bars.full[st.index], 0b11);
+        st.advance();
+      }
+    }
+  } else {
+    PipelineState<kStages> st;
+    for (int n = 0; n < kBlocks; ++n) {
+      bars.consumer_wait(st);
+      if (rank == 1) __nanosleep(2000);
+      float part = 0.f;
+      const int r = threadIdx.x / 2, c0 = (threadIdx.x % 2) * 32;
+      for (int c = c0; c < c0 + 32; ++c)
+        part += __bfloat162float(
+            *reinterpret_cast<const __nv_bfloat16*>(buf[st.index] + swizzled_offset16(r, c, kBlockRows)));
+      for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffff, part, off);
+      if (threadIdx.x % 32 == 0) atomicAdd(&sums[rank * kBlocks + n], part);
+      __syncwarp();
+      asm volatile("bar.sync 1, 128;" ::: "memory");
+      if (threadIdx.x < 2) bars.consumer_release_cluster(st, threadIdx.x);
+      st.advance();
+    }
+  }
+  __syncwarp();
+  cluster_sync();  // the peer may still multicast into / arrive on this CTA's shared memory
+}
+
+TEST(HopperPrims, ClusterRingMulticast) {
+  FA3_REQUIRE_GPU();
+  std::vector<float> vals;
+  const auto bits = random_bf16(size_t(kBlocks) * kBlockRows * 64, &vals);
+  DeviceBuffer in(bits.size() * 2), sums(2 * kBlocks * 4);
+  in.upload(bits.data(), bits.size() * 2);
+  sums.fill_bytes(0);
+  CUtensorMap m;
+  const TmaMap4dDesc desc{CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, in.get(), {64, uint64_t(kBlocks) * kBlockRows, 1, 1},
+                          {128, 128 * uint64_t(kBlocks) * kBlockRows, 128 * uint64_t(kBlocks) * kBlockRows},
+                          {64, kHalfRows, 1, 1}};
+  ASSERT_EQ(encode_tma_map_4d(&m, desc), "");
+  cluster_ring<<<2, 160>>>(m, static_cast<float*>(sums.get()));
+  FA3_CUDA_CHECK(cudaGetLastError());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(2 * kBlocks);
+  sums.download(got.data(), 2 * kBlocks * 4);
+  for (int cta = 0; cta < 2; ++cta)
+    for (int n = 0; n < kBlocks; ++n) {
+      double want = 0;
+      for (int i = 0; i < kBlockRows * 64; ++i) want += vals[size_t(n) * kBlockRows * 64 + i];
+      EXPECT_NEAR(got[cta * kBlocks + n], want, 1e-2 * (1 + std::fabs(want))) << "CTA " << cta << " block " << n;
+    }
 }
 
 }  // namespace

@@ -49,7 +49,9 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
 
   hopper::setmaxnreg_inc<Shape::kConsumerRegs>();
   const int consumer = wg - 1, thread = threadIdx.x % hopper::kWarpgroupSize;
-  MainloopMma<Elem, Cfg, kMasked> mainloop{p, smem, consumer, thread};
+  using Mainloop = MainloopMma<Elem, Cfg, kMasked>;
+  using Softmax = typename Mainloop::Softmax;
+  Mainloop mainloop{p, smem, consumer, thread};
   const Epilogue<Elem, Cfg> epilogue{p, smem, consumer, thread};
   mainloop.start_turns();
   hopper::PipelineState<FwdSmem<Cfg>::kQStages> q_st;
@@ -57,26 +59,72 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   auto release_q = [&] {
     if (thread == 0) bars.q.consumer_release(q_st);
   };
-  WorkTile w;
-  for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
-    const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
-    if (r.empty()) {
-      epilogue.store_zero(w);
-      continue;
+  if constexpr (Mainloop::kCrossTile) {
+    // One stream of key blocks across this CTA's tiles (the next tile's Q is in the second buffer).
+    // next_tile: the CTA's next tile with at least one visible key; tiles without any get their
+    // zeros on the way (the producer skips them as well).
+    int step = 0;
+    auto next_tile = [&](WorkTile& w, BlockRange& r) {
+      while (tile_at_step(step++, blockIdx.x, gridDim.x, p, w)) {
+        r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
+        if (!r.empty()) return true;
+        epilogue.store_zero(w);
+      }
+      return false;
+    };
+    WorkTile w;
+    BlockRange r;
+    if (next_tile(w, r)) {
+      float o[Cfg::kHeadDim / 2], s[Cfg::kBlockN / 2];
+      uint32_t pa[Cfg::kBlockN / 16][4];
+      Softmax softmax(p.scale_log2);
+      bars.q.consumer_wait(q_st);
+      mainloop.begin_tile(w.m_block, r, q_st.index, o, s, pa, softmax);
+      for (;;) {
+        mainloop.middle_blocks(w.m_block, r, q_st.index, o, s, pa, softmax);
+        release_q();
+        q_st.advance();
+        WorkTile w_next;
+        BlockRange r_next;
+        if (!next_tile(w_next, r_next)) {
+          mainloop.end_tile(o, pa);
+          epilogue.store(w, o, softmax);
+          break;
+        }
+        bars.q.consumer_wait(q_st);
+        mainloop.end_tile_start_next(q_st.index, o, s, pa);
+        epilogue.store(w, o, softmax);  // under the next tile's first QK^T
+        softmax = Softmax(p.scale_log2);
+        mainloop.next_first_softmax(w_next.m_block, r_next, s, pa, softmax);
+#pragma unroll
+        for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+        w = w_next;
+        r = r_next;
+      }
     }
-    bars.q.consumer_wait(q_st);
-    float o[Cfg::kHeadDim / 2];
-    typename MainloopMma<Elem, Cfg, kMasked>::Softmax softmax(p.scale_log2);
-    // With O staged in Q's buffer, Q is released only after the O store has read it.
-    mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] {
-      if constexpr (!Cfg::kOAliasesQ) release_q();
-    });
-    epilogue.store(w, o, softmax);
-    if constexpr (Cfg::kOAliasesQ) {
-      if (thread == 0) hopper::tma_store_wait_read();
-      release_q();
+  } else {
+    WorkTile w;
+    BlockRange r;
+    for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
+      r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
+      if (r.empty()) {
+        epilogue.store_zero(w);
+        continue;
+      }
+      bars.q.consumer_wait(q_st);
+      float o[Cfg::kHeadDim / 2];
+      Softmax softmax(p.scale_log2);
+      // With O staged in Q's buffer, Q is released only after the O store has read it.
+      mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] {
+        if constexpr (!Cfg::kOAliasesQ) release_q();
+      });
+      epilogue.store(w, o, softmax);
+      if constexpr (Cfg::kOAliasesQ) {
+        if (thread == 0) hopper::tma_store_wait_read();
+        release_q();
+      }
+      q_st.advance();
     }
-    q_st.advance();
   }
   epilogue.drain();
 }

@@ -48,20 +48,51 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_q);
     hopper::tma_prefetch_map(&p.tma_k);
     hopper::tma_prefetch_map(&p.tma_v);
+    // The CTA's tiles with at least one visible key (the consumers write zeros for the others
+    // without touching smem).
+    int step = 0;
+    auto next_tile = [&](WorkTile& t, BlockRange& r) {
+      while (tile_at_step(step++, blockIdx.x, gridDim.x, p, t)) {
+        r = block_range<Cfg::kBlockM, Cfg::kBlockN>(t.m_block, p);
+        if (!r.empty()) return true;
+      }
+      return false;
+    };
+    auto load_first_k = [&](const WorkTile& t, const BlockRange& r) {
+      load_kv(&p.tma_k, bars.k, k_st, &Smem::k, r.n_max - 1, t.head / p.head_ratio, t.batch);
+    };
+    auto load_q = [&](const WorkTile& t) {
+      load_stage(&p.tma_q, bars.q, q_st, &Smem::q, Smem::kQBytes, Smem::kQPanelBytes, t.m_block * Cfg::kBlockM, t.head,
+                 t.batch);
+    };
     WorkTile w;
-    for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
-      const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
-      if (r.empty()) continue;  // the consumers write zeros without touching smem
-      const int kv_head = w.head / p.head_ratio;
+    BlockRange r;
+    bool more = next_tile(w, r);
+    if (more) {
       // The first K block does not depend on Q's buffer: start it before waiting for Q to drain.
-      load_kv(&p.tma_k, bars.k, k_st, &Smem::k, r.n_max - 1, kv_head, w.batch);
-      load_stage(&p.tma_q, bars.q, q_st, &Smem::q, Smem::kQBytes, Smem::kQPanelBytes, w.m_block * Cfg::kBlockM, w.head,
-                 w.batch);
+      load_first_k(w, r);
+      load_q(w);
+    }
+    while (more) {
+      const int kv_head = w.head / p.head_ratio;
       for (int n = r.n_max - 2; n >= r.n_min; --n) {
         load_kv(&p.tma_k, bars.k, k_st, &Smem::k, n, kv_head, w.batch);
         load_kv(&p.tma_v, bars.v, v_st, &Smem::v, n + 1, kv_head, w.batch);
       }
+      WorkTile w_next;
+      BlockRange r_next;
+      more = next_tile(w_next, r_next);
+      // The next tile's first K block (and Q, given a second buffer) before this tile's last V:
+      // with the cross-tile overlap the consumers use them together. A Q staging this tile's O
+      // waits for the O store, which waits for that last V, so it comes after.
+      if (more) {
+        load_first_k(w_next, r_next);
+        if constexpr (Smem::kQStages == 2) load_q(w_next);
+      }
       load_kv(&p.tma_v, bars.v, v_st, &Smem::v, r.n_min, kv_head, w.batch);
+      if (more && Smem::kQStages == 1) load_q(w_next);
+      w = w_next;
+      r = r_next;
     }
   }
 };

@@ -7,7 +7,9 @@
 //     softmax runs while the tensor cores work on the other's GEMMs;
 //   intra-warpgroup overlap (kOverlap): QK^T of block n is issued together with PV of block n+1,
 //     and the softmax of block n (row max, and with kExpUnderPv the exponentials) runs while that
-//     PV is still in flight; only the O rescale and packing P wait for it.
+//     PV is still in flight; only the O rescale and packing P wait for it;
+//   cross-tile overlap (kCrossTile, ours): the same between the last block of one tile and the first
+//     block of the next, so a persistent CTA's tiles form one stream of blocks.
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_config.h"
@@ -29,6 +31,7 @@ struct MainloopMma {
   static constexpr bool kUseOverlap = (kSched & Schedule::kOverlap) != 0;
   static constexpr bool kLazyRescale = (kSched & Schedule::kLazyRescale) != 0;
   static constexpr bool kExpUnderPv = (kSched & Schedule::kExpUnderPv) != 0;
+  static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
   using Softmax = OnlineSoftmax<kN, kLazyRescale>;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
@@ -101,20 +104,18 @@ struct MainloopMma {
     }
   }
 
-  // Computes the unnormalised O of this warpgroup's rows and the softmax statistics.
-  // `q_done` runs once every QK^T of the tile has completed (Q's buffer may be reused).
-  template <class QDone>
-  __device__ void run(int m_block, const BlockRange& r, int q_stage, float (&o)[kD / 2], Softmax& softmax,
-                      QDone&& q_done) {
+  using SFrag = float[kN / 2];          // S (then P in fp32) of one block
+  using PFrag = uint32_t[kN / 16][4];   // P packed to 16 bits: the PV GEMM's A fragments
+  using OFrag = float[kD / 2];
+
+  // The tile's first block (n_max-1, the one that may hold the diagonal / the key tail) on its
+  // own: S = QK^T, then the softmax into P. O starts at zero.
+  __device__ __forceinline__ void begin_tile(int m_block, const BlockRange& r, int q_stage, OFrag& o, SFrag& s,
+                                             PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
-    float s[kN / 2];
-    uint32_t pa[kN / 16][4];
     float corr[2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
-
-    // First block (the one that may hold the diagonal / the key tail).
-    int n = r.n_max - 1;
     bars.k.consumer_wait(k_st);
     turn_wait();
     issue_qk(s, q_stage, k_st.index);
@@ -122,45 +123,102 @@ struct MainloopMma {
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
     release(bars.k, k_st);
-    mask_if_needed(s, n, m_block);
+    mask_if_needed(s, r.n_max - 1, m_block);
     softmax.update_max(s, corr);
     softmax.exponentiate(s);
     Softmax::template pack<Mma>(s, pa);
+  }
 
-    if constexpr (kUseOverlap) {
-      for (--n; n >= r.n_min; --n) {
-        bars.k.consumer_wait(k_st);
-        turn_wait();
-        issue_qk(s, q_stage, k_st.index);
-        bars.v.consumer_wait(v_st);
-        issue_pv(o, pa, v_st.index);
-        turn_pass();
-        hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
-        hopper::fence_operand(s);
-        release(bars.k, k_st);
-        if constexpr (kMasked) mask_if_needed(s, n, m_block);
-        const bool any_rescale = softmax.update_max(s, corr);
-        if constexpr (kExpUnderPv) {
-          softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
-          // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
-          hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
-        }
-        hopper::wgmma_wait<0>();
-        hopper::fence_operand(o);
-        release(bars.v, v_st);
-        if (any_rescale) rescale(o, corr);
-        if constexpr (!kExpUnderPv) softmax.exponentiate(s);
-        Softmax::template pack<Mma>(s, pa);
-      }
-      q_done();
+  // Blocks n_max-2 .. n_min. Overlap schedule: QK^T of block n goes out with PV of block n+1, and
+  // the softmax of block n runs while that PV is in flight. On return P holds the last block's
+  // probabilities, whose PV is still to do (end_tile / end_tile_begin_next).
+  __device__ __forceinline__ void middle_blocks(int m_block, const BlockRange& r, int q_stage, OFrag& o, SFrag& s,
+                                                PFrag& pa, Softmax& softmax) {
+    auto& bars = smem.bars();
+    float corr[2];
+    for (int n = r.n_max - 2; n >= r.n_min; --n) {
+      bars.k.consumer_wait(k_st);
+      turn_wait();
+      issue_qk(s, q_stage, k_st.index);
       bars.v.consumer_wait(v_st);
       issue_pv(o, pa, v_st.index);
+      turn_pass();
+      hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
+      hopper::fence_operand(s);
+      release(bars.k, k_st);
+      if constexpr (kMasked) mask_if_needed(s, n, m_block);
+      const bool any_rescale = softmax.update_max(s, corr);
+      if constexpr (kExpUnderPv) {
+        softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
+        // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
+        hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
+      }
       hopper::wgmma_wait<0>();
       hopper::fence_operand(o);
       release(bars.v, v_st);
+      if (any_rescale) rescale(o, corr);
+      if constexpr (!kExpUnderPv) softmax.exponentiate(s);
+      Softmax::template pack<Mma>(s, pa);
+    }
+  }
+
+  // The tile's last PV (block n_min): O is complete on return.
+  __device__ __forceinline__ void end_tile(OFrag& o, const PFrag& pa) {
+    auto& bars = smem.bars();
+    bars.v.consumer_wait(v_st);
+    issue_pv(o, pa, v_st.index);
+    hopper::wgmma_wait<0>();
+    hopper::fence_operand(o);
+    release(bars.v, v_st);
+  }
+
+  // Cross-tile overlap (kCrossTile), in two calls around the epilogue: the tile's last PV goes out
+  // together with the next tile's first QK^T; O is complete when end_tile_start_next returns, and
+  // the epilogue then runs while that QK^T is still in flight; next_first_softmax turns its S into
+  // P (and resets nothing else: the caller zeroes O after the epilogue). So a persistent CTA's
+  // tiles run as one stream: no serial QK^T -> softmax at the start of each tile.
+  __device__ __forceinline__ void end_tile_start_next(int q_stage_next, OFrag& o, SFrag& s, const PFrag& pa) {
+    auto& bars = smem.bars();
+    bars.v.consumer_wait(v_st);
+    turn_wait();
+    issue_pv(o, pa, v_st.index);
+    bars.k.consumer_wait(k_st);
+    issue_qk(s, q_stage_next, k_st.index);
+    turn_pass();
+    hopper::wgmma_wait<1>();  // the PV (committed first) is done; the QK^T still runs
+    hopper::fence_operand(o);
+    release(bars.v, v_st);
+  }
+  __device__ __forceinline__ void next_first_softmax(int m_next, const BlockRange& r_next, SFrag& s, PFrag& pa,
+                                                     Softmax& next) {
+    auto& bars = smem.bars();
+    float corr[2];
+    hopper::wgmma_wait<0>();
+    hopper::fence_operand(s);
+    release(bars.k, k_st);
+    mask_if_needed(s, r_next.n_max - 1, m_next);
+    next.update_max(s, corr);  // a fresh row max: nothing to correct
+    next.exponentiate(s);
+    Softmax::template pack<Mma>(s, pa);
+  }
+
+  // One whole tile without cross-tile overlap: the unnormalised O of this warpgroup's rows and the
+  // softmax statistics. `q_done` runs once every QK^T of the tile has completed (Q's buffer may be
+  // reused).
+  template <class QDone>
+  __device__ void run(int m_block, const BlockRange& r, int q_stage, OFrag& o, Softmax& softmax, QDone&& q_done) {
+    float s[kN / 2];
+    uint32_t pa[kN / 16][4];
+    begin_tile(m_block, r, q_stage, o, s, pa, softmax);
+    if constexpr (kUseOverlap) {
+      middle_blocks(m_block, r, q_stage, o, s, pa, softmax);
+      q_done();
+      end_tile(o, pa);
     } else {
       // Ablation: S -> softmax -> PV strictly in order for each block.
-      for (;;) {
+      auto& bars = smem.bars();
+      float corr[2];
+      for (int n = r.n_max - 1;;) {
         bars.v.consumer_wait(v_st);
         turn_wait();
         issue_pv(o, pa, v_st.index);

@@ -43,6 +43,16 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Thread-block clusters. A kernel launched without a cluster runs as a cluster of one CTA, so
+// these work (and cost a CTA-wide barrier) there too.
+__device__ __forceinline__ uint32_t cluster_ctarank() { return ptx::get_sreg_cluster_ctarank(); }
+// Every thread of every CTA of the cluster: memory operations before it (e.g. mbarrier inits) are
+// visible cluster-wide after it.
+__device__ __forceinline__ void cluster_sync() {
+  ptx::barrier_cluster_arrive(ptx::sem_release);
+  ptx::barrier_cluster_wait(ptx::sem_acquire);
+}
+
 // Move registers between warpgroups (needs a register cap at kernel entry: __launch_bounds__(n, 1)).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -21,6 +21,17 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)ptx::mbarrier_arrive(bar); }
 
+// Arrival on the barrier at the same offset in the shared memory of cluster CTA `rank` (which may
+// be this CTA). CCCL has no `mapa` to form the address, and its remote arrive is release at cluster
+// scope, a fence that stalls the arriving warp (the forward kernel ran 35-40% slower with it,
+// perf-log step 12); a consumer's release only follows its own reads of the stage, which (as for
+// a local arrive) release at CTA scope orders.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
 // The producer's arrival that also announces how many bytes the TMA copies will deliver.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
@@ -42,7 +53,10 @@ struct PipelineState {
   }
 };
 
-// The barriers of one ring, living in shared memory.
+// The barriers of one ring, living in shared memory. With a ring shared by a cluster (every CTA's
+// producer multicasts part of each stage into all CTAs' buffers), a stage is free only when the
+// consumers of all CTAs released it: `empty` then counts consumers x cluster CTAs and the
+// consumers release with consumer_release_cluster.
 template <int kStages>
 struct PipelineBarriers {
   uint64_t full[kStages];
@@ -63,6 +77,10 @@ struct PipelineBarriers {
   }
   __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st) {
     mbarrier_arrive(&empty[st.index]);
+  }
+  // Called by the first `cluster_ctas` threads of a warp together: thread r signals CTA r.
+  __device__ __forceinline__ void consumer_release_cluster(const PipelineState<kStages>& st, uint32_t rank) {
+    mbarrier_arrive_cluster(&empty[st.index], rank);
   }
 };
 

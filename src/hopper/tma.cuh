@@ -17,6 +17,14 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
   ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, smem_dst, map, coords, bar);
 }
 
+// 4-D box load multicast to the CTAs of the cluster in `cta_mask`: the box lands at the same
+// shared-memory offset in each, and completes on the barrier at `bar`'s offset in each.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                      int c3, uint64_t* bar, uint16_t cta_mask) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem_dst, map, coords, bar, cta_mask);
+}
+
 // 4-D box store from shared memory; out-of-bounds parts of the box are not written.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int c0, int c1, int c2,
                                              int c3) {
