@@ -14,10 +14,10 @@ using attn::TileConfig;
 template <class Cfg>
 void add_variant(std::vector<TuneVariant>& v) {
   constexpr int kSched = Cfg::kSchedule;
-  std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOAliasesQ ? " O=Q" : "") +
+  std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOInKV ? " O@KV" : "") +
                      (Cfg::kStages != 2 ? " st" + std::to_string(Cfg::kStages) : "") +
                      ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
-                     ((kSched & attn::kExpUnderPv) ? " xpv" : "");
+                     ((kSched & attn::kExpUnderPv) ? " xpv" : "") + ((kSched & attn::kCrossTile) ? " xtile" : "");
   v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, false>});
   v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, true>});
 }

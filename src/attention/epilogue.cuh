@@ -1,6 +1,7 @@
 // Writes one consumer warpgroup's 64 rows of O (normalised, converted to 16 bits) and their LSE.
 // O goes registers -> swizzled smem (stmatrix) -> global (TMA store, which drops rows past seqlen_q
 // and columns past head_dim); tiles without any visible key are written directly as zeros.
+// The staging area is this warpgroup's rows of the O tile, or (kOInKV) a free K or V stage.
 #pragma once
 #include <cmath>
 
@@ -34,8 +35,14 @@ struct Epilogue {
     }
   }
 
+  // This warpgroup's staging area in the O tile: its 64 rows of 128-row panels.
+  __device__ __forceinline__ uint8_t* own_staging() const { return smem.o() + consumer * 64 * hopper::kSwizzleBytes; }
+
+  // `staging`: where this warpgroup's 64 rows go, in panels of `panel_rows` rows (64-column panels,
+  // 128-byte swizzle, 1024-byte aligned).
   template <class Softmax>
-  __device__ void store(const WorkTile& w, float (&o)[kD / 2], Softmax& softmax) const {
+  __device__ void store(const WorkTile& w, float (&o)[kD / 2], Softmax& softmax, uint8_t* staging,
+                        int panel_rows) const {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
     store_lse(w, lse);
@@ -44,12 +51,12 @@ struct Epilogue {
     if (thread == 0) hopper::tma_store_wait_read();
     hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
     const int lane = thread % 32, mi = lane / 8, rr = lane % 8;
-    const int row = consumer * 64 + (thread / 32) * 16 + rr + 8 * (mi & 1);  // row inside the CTA tile
-    const uint32_t o_base = hopper::smem_u32(smem.o());
+    const int row = (thread / 32) * 16 + rr + 8 * (mi & 1);  // row inside this warpgroup's 64
+    const uint32_t o_base = hopper::smem_u32(staging);
 #pragma unroll
     for (int j = 0; j < kD / 8; j += 2) {  // two 8-column blocks (four 8x8 matrices) per stmatrix
       const int col = 8 * (j + (mi >> 1));
-      hopper::stmatrix_x4(o_base + hopper::swizzled_offset16(row, col, Cfg::kBlockM),
+      hopper::stmatrix_x4(o_base + hopper::swizzled_offset16(row, col, panel_rows),
                           Mma::pack(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
                           Mma::pack(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
                           Mma::pack(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
@@ -60,8 +67,8 @@ struct Epilogue {
     if (thread == 0) {
 #pragma unroll
       for (int pn = 0; pn < Smem::kPanels; ++pn)
-        hopper::tma_store_4d(&p.tma_o, smem.o() + pn * Smem::kQPanelBytes + consumer * 64 * hopper::kSwizzleBytes,
-                             pn * 64, first_row(w), w.head, w.batch);
+        hopper::tma_store_4d(&p.tma_o, staging + pn * panel_rows * hopper::kSwizzleBytes, pn * 64, first_row(w), w.head,
+                             w.batch);
       hopper::tma_store_commit();
     }
   }

@@ -15,16 +15,17 @@ enum Schedule : int {
   kLazyRescale = 4,  // rescale O only when a row max grows by > 2^8 (FlashAttention-4); see softmax.cuh
   kExpUnderPv = 8,   // with kOverlap: the exponentials too run under the PV GEMM (P packed after it)
   kCrossTile = 16,   // with kOverlap: a tile's last PV goes out with the next tile's first QK^T,
-                     // the epilogue runs under that QK^T; needs a second Q buffer (not kOAliasesQ)
+                     // the epilogue runs under that QK^T; needs a second Q buffer
   kFullSchedule = kPingpong | kOverlap | kLazyRescale | kExpUnderPv,  // kCrossTile: per tile, below
 };
 
 // One tile configuration: kBlockM query rows (64 per consumer warpgroup) x kBlockN keys per block,
-// kStages K/V buffers, O staged in Q's buffer or its own, and the schedule flags it runs with.
-template <int kD, int kM, int kN, int kS, bool kOInQ, int kSched = kFullSchedule>
+// kStages K/V buffers, O staged for its TMA store in a tile of its own or (kOInKV, where smem has
+// no room for one) in the K and V stages of the tile's last key block, and the schedule flags.
+template <int kD, int kM, int kN, int kS, bool kOInKV_, int kSched = kFullSchedule>
 struct TileConfig {
   static constexpr int kHeadDim = kD, kBlockM = kM, kBlockN = kN, kStages = kS;
-  static constexpr bool kOAliasesQ = kOInQ;
+  static constexpr bool kOInKV = kOInKV_;
   static constexpr int kSchedule = kSched;
 };
 // A tile with other schedule flags (the benchmark's ablation).
@@ -66,7 +67,7 @@ struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
 template <>
 struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kFullSchedule & ~kPingpong> {};
 // Long key sequences at d128: a wider key block cuts the per-block softmax overhead per FLOP by a quarter;
-// the price (a single Q buffer that also stages O) only shows on short sequences, where 128 wins.
+// the price (a single Q buffer, O staged in K/V stages) only shows on short sequences, where 128 wins.
 template <>
 struct FwdConfig<128, true> : TileConfig<128, 128, 176, 2, true, kFullSchedule & ~kPingpong> {};
 template <>

@@ -88,12 +88,12 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
         BlockRange r_next;
         if (!next_tile(w_next, r_next)) {
           mainloop.end_tile(o, pa);
-          epilogue.store(w, o, softmax);
+          epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
           break;
         }
         bars.q.consumer_wait(q_st);
         mainloop.end_tile_start_next(q_st.index, o, s, pa);
-        epilogue.store(w, o, softmax);  // under the next tile's first QK^T
+        epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);  // under the next tile's first QK^T
         softmax = Softmax(p.scale_log2);
         mainloop.next_first_softmax(w_next.m_block, r_next, s, pa, softmax);
 #pragma unroll
@@ -114,14 +114,17 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
       bars.q.consumer_wait(q_st);
       float o[Cfg::kHeadDim / 2];
       Softmax softmax(p.scale_log2);
-      // With O staged in Q's buffer, Q is released only after the O store has read it.
-      mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] {
-        if constexpr (!Cfg::kOAliasesQ) release_q();
-      });
-      epilogue.store(w, o, softmax);
-      if constexpr (Cfg::kOAliasesQ) {
-        if (thread == 0) hopper::tma_store_wait_read();
-        release_q();
+      mainloop.run(w.m_block, r, q_st.index, o, softmax, release_q);
+      if constexpr (Cfg::kOInKV) {
+        // No room for an O tile: the last key block's stages, kept from the producer, take the
+        // two warpgroups' O (K's for consumer 0, V's for 1) once both warpgroups' GEMMs are done;
+        // they go back from the next tile's begin (MainloopMma::kept). The next Q does not wait.
+        hopper::named_barrier_sync(kBarOInKV, 2 * hopper::kWarpgroupSize);
+        uint8_t* staging = consumer == 0 ? smem.k(mainloop.k_last.index) : smem.v(mainloop.v_last.index);
+        epilogue.store(w, o, softmax, staging, 64);
+        mainloop.kept = true;
+      } else {
+        epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
       }
       q_st.advance();
     }

@@ -21,17 +21,17 @@ struct FwdSmem {
   // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
   // (+1024 alignment slack, +256 an upper bound of the barriers, whose size depends on kQStages)
   static constexpr int kBytesWithoutQ =
-      Cfg::kStages * 2 * kKVBytes + (Cfg::kOAliasesQ ? 0 : kQBytes) + 1024 + 256;
-  static constexpr int kQStages = (!Cfg::kOAliasesQ && kBytesWithoutQ + 2 * kQBytes <= 227 * 1024) ? 2 : 1;
+      Cfg::kStages * 2 * kKVBytes + (Cfg::kOInKV ? 0 : kQBytes) + 1024 + 256;
+  static constexpr int kQStages = kBytesWithoutQ + 2 * kQBytes <= 227 * 1024 ? 2 : 1;
+  // kOInKV: one warpgroup's 64 rows of O (panels of 64 rows) fit in a K or a V stage.
+  static_assert(!Cfg::kOInKV || (Cfg::kBlockN >= 64 && Cfg::kBlockM == 128), "O in K/V stages: 2 consumers, >= 64 keys");
 
-  // Byte offsets from the 1024-aligned base. O is staged for its TMA store in Q's space when smem
-  // is short (Q is dead by then, and the producer waits for the store before loading the next Q),
-  // else in a tile of its own.
+  // Byte offsets from the 1024-aligned base. O is staged for its TMA store in a tile of its own, or
+  // (kOInKV, when smem is short) in the K and V stages of the tile's last key block (fwd_kernel.cuh).
   static constexpr int kOffK = kQStages * kQBytes;
   static constexpr int kOffV = kOffK + Cfg::kStages * kKVBytes;
-  static constexpr int kOffO = Cfg::kOAliasesQ ? 0 : kOffV + Cfg::kStages * kKVBytes;
-  static constexpr int kOffBarriers = kOffV + Cfg::kStages * kKVBytes + (Cfg::kOAliasesQ ? 0 : kQBytes);
-  static_assert(!Cfg::kOAliasesQ || kQStages == 1, "O staged in Q needs a single Q buffer");
+  static constexpr int kOffO = kOffV + Cfg::kStages * kKVBytes;
+  static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? 0 : kQBytes);
 
   struct Barriers {
     hopper::PipelineBarriers<kQStages> q;
@@ -55,6 +55,7 @@ struct FwdSmem {
 enum FwdBarrier : int {
   kBarSchedule = 2,   // + consumer index: pingpong turn to issue GEMMs (up to 3 consumers)
   kBarEpilogue = 5,   // + consumer index: one warpgroup's O staging
+  kBarOInKV = 8,      // kOInKV: every consumer's GEMMs of the tile are done, the last K/V stages are free
 };
 
 }  // namespace fa3::attn

@@ -83,8 +83,8 @@ struct MainloopLoad {
       BlockRange r_next;
       more = next_tile(w_next, r_next);
       // The next tile's first K block (and Q, given a second buffer) before this tile's last V:
-      // with the cross-tile overlap the consumers use them together. A Q staging this tile's O
-      // waits for the O store, which waits for that last V, so it comes after.
+      // with the cross-tile overlap the consumers use them together. A single Q buffer frees only
+      // after this tile's last QK^T, and the consumers need the last V first: that Q comes after it.
       if (more) {
         load_first_k(w_next, r_next);
         if constexpr (Smem::kQStages == 2) load_q(w_next);

@@ -32,6 +32,7 @@ struct MainloopMma {
   static constexpr bool kLazyRescale = (kSched & Schedule::kLazyRescale) != 0;
   static constexpr bool kExpUnderPv = (kSched & Schedule::kExpUnderPv) != 0;
   static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
+  static_assert(!Cfg::kOInKV || (kUseOverlap && !kCrossTile), "O in K/V stages: the overlap schedule's tile ends only");
   using Softmax = OnlineSoftmax<kN, kLazyRescale>;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
@@ -40,6 +41,11 @@ struct MainloopMma {
   int consumer;  // 0 .. kConsumers-1: this warpgroup's 64 rows of the tile
   int thread;    // 0 .. 127 within the warpgroup
   hopper::PipelineState<Cfg::kStages> k_st, v_st;
+  // kOInKV: the stages of the tile's last key block, kept from the producer until O has been
+  // staged there and stored; given back once the next tile's first QK^T is issued (the store has
+  // had time to read them, and the producer needs them only for that tile's second block).
+  hopper::PipelineState<Cfg::kStages> k_last, v_last;
+  bool kept = false;
 
   // ---- pingpong turn-taking: consumer c waits for its turn, then hands the turn to c+1 ----
   __device__ __forceinline__ void turn_wait() const {
@@ -91,6 +97,25 @@ struct MainloopMma {
     st.advance();
   }
 
+  __device__ __forceinline__ void release_or_keep(hopper::PipelineBarriers<Cfg::kStages>& ring,
+                                                  hopper::PipelineState<Cfg::kStages>& st, bool last,
+                                                  hopper::PipelineState<Cfg::kStages>& kept) {
+    if (Cfg::kOInKV && last) {
+      kept = st;
+      st.advance();
+    } else {
+      release(ring, st);
+    }
+  }
+  __device__ __forceinline__ void release_kept() {
+    if (thread == 0) {
+      hopper::tma_store_wait_read();
+      smem.bars().k.consumer_release(k_last);
+      smem.bars().v.consumer_release(v_last);
+    }
+    kept = false;
+  }
+
   __device__ __forceinline__ static void rescale(float (&o)[kD / 2], const float (&c)[2]) {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] *= c[(i >> 1) & 1];
@@ -120,9 +145,11 @@ struct MainloopMma {
     turn_wait();
     issue_qk(s, q_stage, k_st.index);
     turn_pass();
+    if constexpr (Cfg::kOInKV)
+      if (kept) release_kept();
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
-    release(bars.k, k_st);
+    release_or_keep(bars.k, k_st, r.n_min == r.n_max - 1, k_last);
     mask_if_needed(s, r.n_max - 1, m_block);
     softmax.update_max(s, corr);
     softmax.exponentiate(s);
@@ -145,7 +172,7 @@ struct MainloopMma {
       turn_pass();
       hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
       hopper::fence_operand(s);
-      release(bars.k, k_st);
+      release_or_keep(bars.k, k_st, n == r.n_min, k_last);
       if constexpr (kMasked) mask_if_needed(s, n, m_block);
       const bool any_rescale = softmax.update_max(s, corr);
       if constexpr (kExpUnderPv) {
@@ -169,7 +196,7 @@ struct MainloopMma {
     issue_pv(o, pa, v_st.index);
     hopper::wgmma_wait<0>();
     hopper::fence_operand(o);
-    release(bars.v, v_st);
+    release_or_keep(bars.v, v_st, true, v_last);
   }
 
   // Cross-tile overlap (kCrossTile), in two calls around the epilogue: the tile's last PV goes out
