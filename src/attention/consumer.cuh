@@ -1,0 +1,119 @@
+// A consumer warpgroup's walk over its CTA's tiles: Q in, mainloop, epilogue, Q out. Two flows:
+//  - per tile: each tile starts with its own QK^T and ends with its own epilogue; O is staged in a
+//    tile of its own or (kOInKV) in the last key block's K and V stages;
+//  - stream (kCrossTile): the tiles of the CTA form one stream of key blocks, a tile's last PV and
+//    epilogue overlapping the next tile's first QK^T (mainloop_mma.cuh).
+#pragma once
+#include "src/attention/block_info.cuh"
+#include "src/attention/epilogue.cuh"
+#include "src/attention/fwd_smem.cuh"
+#include "src/attention/mainloop_mma.cuh"
+#include "src/attention/tile_scheduler.cuh"
+
+namespace fa3::attn {
+
+template <class Elem, class Cfg, bool kMasked>
+struct FwdConsumer {
+  using Mainloop = MainloopMma<Elem, Cfg, kMasked>;
+  using Softmax = typename Mainloop::Softmax;
+
+  const FwdKernelParams& p;
+  FwdSmem<Cfg> smem;
+  int consumer, thread;  // warpgroup 0 .. kBlockM/64-1 of the consumers; thread 0 .. 127 in it
+  Mainloop mainloop;
+  Epilogue<Elem, Cfg> epilogue;
+  hopper::PipelineState<FwdSmem<Cfg>::kQStages> q_st;
+
+  __device__ __forceinline__ FwdConsumer(const FwdKernelParams& params, FwdSmem<Cfg> s, int c, int t)
+      : p(params), smem(s), consumer(c), thread(t), mainloop{params, s, c, t}, epilogue{params, s, c, t} {}
+
+  __device__ __forceinline__ void run() {
+    mainloop.start_turns();
+    if constexpr (Mainloop::kCrossTile) run_stream();
+    else run_per_tile();
+    epilogue.drain();
+  }
+
+ private:
+  // Q's buffer goes back to the producer once this warpgroup no longer reads it.
+  __device__ __forceinline__ void release_q() {
+    if (thread == 0) smem.bars().q.consumer_release(q_st);
+  }
+
+  __device__ __forceinline__ void run_per_tile() {
+    auto& bars = smem.bars();
+    WorkTile w;
+    BlockRange r;
+    for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
+      r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
+      if (r.empty()) {
+        epilogue.store_zero(w);
+        continue;
+      }
+      bars.q.consumer_wait(q_st);
+      float o[Cfg::kHeadDim / 2];
+      Softmax softmax(p.scale_log2);
+      mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] { release_q(); });
+      if constexpr (Cfg::kOInKV) {
+        // No room for an O tile: the last key block's stages, kept from the producer, take the
+        // two warpgroups' O (K's for consumer 0, V's for 1) once both warpgroups' GEMMs are done;
+        // they go back from the next tile's begin (MainloopMma::kept). The next Q does not wait.
+        hopper::named_barrier_sync(kBarOInKV, 2 * hopper::kWarpgroupSize);
+        uint8_t* staging = consumer == 0 ? smem.k(mainloop.k_last.index) : smem.v(mainloop.v_last.index);
+        epilogue.store(w, o, softmax, staging, 64);
+        mainloop.kept = true;
+      } else {
+        epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
+      }
+      q_st.advance();
+    }
+  }
+
+  // The CTA's next tile with at least one visible key, from step `step` on; tiles without any get
+  // their zeros on the way (the producer skips them as well).
+  __device__ __forceinline__ bool next_tile(int& step, WorkTile& w, BlockRange& r) const {
+    while (tile_at_step(step++, blockIdx.x, gridDim.x, p, w)) {
+      r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
+      if (!r.empty()) return true;
+      epilogue.store_zero(w);
+    }
+    return false;
+  }
+
+  // One stream of key blocks across this CTA's tiles (the next tile's Q is in the second buffer).
+  __device__ __forceinline__ void run_stream() {
+    auto& bars = smem.bars();
+    int step = 0;
+    WorkTile w;
+    BlockRange r;
+    if (!next_tile(step, w, r)) return;
+    float o[Cfg::kHeadDim / 2], s[Cfg::kBlockN / 2];
+    uint32_t pa[Cfg::kBlockN / 16][4];
+    Softmax softmax(p.scale_log2);
+    bars.q.consumer_wait(q_st);
+    mainloop.begin_tile(w.m_block, r, q_st.index, o, s, pa, softmax);
+    for (;;) {
+      mainloop.middle_blocks(w.m_block, r, q_st.index, o, s, pa, softmax);
+      release_q();
+      q_st.advance();
+      WorkTile w_next;
+      BlockRange r_next;
+      if (!next_tile(step, w_next, r_next)) {
+        mainloop.end_tile(o, pa);
+        epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
+        return;
+      }
+      bars.q.consumer_wait(q_st);
+      mainloop.end_tile_start_next(q_st.index, o, s, pa);
+      epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);  // under the next tile's first QK^T
+      softmax = Softmax(p.scale_log2);
+      mainloop.next_first_softmax(w_next.m_block, r_next, s, pa, softmax);
+#pragma unroll
+      for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+      w = w_next;
+      r = r_next;
+    }
+  }
+};
+
+}  // namespace fa3::attn
