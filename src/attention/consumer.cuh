@@ -56,10 +56,13 @@ struct FwdConsumer {
       mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] { release_q(); });
       if constexpr (Cfg::kOInKV) {
         // No room for an O tile: the last key block's stages, kept from the producer, take the
-        // two warpgroups' O (K's for consumer 0, V's for 1) once both warpgroups' GEMMs are done;
-        // they go back from the next tile's begin (MainloopMma::kept). The next Q does not wait.
+        // two warpgroups' O (K's or a half tile of its own for consumer 0, V's for 1) once both
+        // warpgroups' GEMMs are done; they go back from the next tile's begin (MainloopMma::kept).
+        // The next Q does not wait.
         hopper::named_barrier_sync(kBarOInKV, 2 * hopper::kWarpgroupSize);
-        uint8_t* staging = consumer == 0 ? smem.k(mainloop.k_last.index) : smem.v(mainloop.v_last.index);
+        uint8_t* staging = consumer == 1            ? smem.v(mainloop.v_last.index)
+                           : FwdSmem<Cfg>::kOHalf ? smem.o()
+                                                  : smem.k(mainloop.k_last.index);
         epilogue.store(w, o, softmax, staging, 64);
         mainloop.kept = true;
       } else {

@@ -27,11 +27,15 @@ struct FwdSmem {
   static_assert(!Cfg::kOInKV || (Cfg::kBlockN >= 64 && Cfg::kBlockM == 128), "O in K/V stages: 2 consumers, >= 64 keys");
 
   // Byte offsets from the 1024-aligned base. O is staged for its TMA store in a tile of its own, or
-  // (kOInKV, when smem is short) in the K and V stages of the tile's last key block (fwd_kernel.cuh).
+  // (kOInKV, when smem is short) in the K and V stages of the tile's last key block (consumer.cuh);
+  // where 64 rows of O still fit (kOHalf), consumer 0 stages in a half tile of its own instead of
+  // the K stage, which the producer needs sooner than the V stage.
   static constexpr int kOffK = kQStages * kQBytes;
   static constexpr int kOffV = kOffK + Cfg::kStages * kKVBytes;
   static constexpr int kOffO = kOffV + Cfg::kStages * kKVBytes;
-  static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? 0 : kQBytes);
+  static constexpr int kOHalfBytes = 64 * kPanels * hopper::kSwizzleBytes;
+  static constexpr bool kOHalf = Cfg::kOInKV && kOffO + kOHalfBytes + 256 + 1024 <= 227 * 1024;
+  static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? (kOHalf ? kOHalfBytes : 0) : kQBytes);
 
   struct Barriers {
     hopper::PipelineBarriers<kQStages> q;

@@ -45,6 +45,7 @@ struct MainloopMma {
   // staged there and stored; given back once the next tile's first QK^T is issued (the store has
   // had time to read them, and the producer needs them only for that tile's second block).
   hopper::PipelineState<Cfg::kStages> k_last, v_last;
+  static constexpr bool kKeepK = Cfg::kOInKV && !Smem::kOHalf;  // else consumer 0 has a half tile
   bool kept = false;
 
   // ---- pingpong turn-taking: consumer c waits for its turn, then hands the turn to c+1 ----
@@ -110,7 +111,7 @@ struct MainloopMma {
   __device__ __forceinline__ void release_kept() {
     if (thread == 0) {
       hopper::tma_store_wait_read();
-      smem.bars().k.consumer_release(k_last);
+      if (kKeepK) smem.bars().k.consumer_release(k_last);
       smem.bars().v.consumer_release(v_last);
     }
     kept = false;
@@ -149,7 +150,7 @@ struct MainloopMma {
       if (kept) release_kept();
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
-    release_or_keep(bars.k, k_st, r.n_min == r.n_max - 1, k_last);
+    release_or_keep(bars.k, k_st, kKeepK && r.n_min == r.n_max - 1, k_last);
     mask_if_needed(s, r.n_max - 1, m_block);
     softmax.update_max(s, corr);
     softmax.exponentiate(s);
@@ -172,7 +173,7 @@ struct MainloopMma {
       turn_pass();
       hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
       hopper::fence_operand(s);
-      release_or_keep(bars.k, k_st, n == r.n_min, k_last);
+      release_or_keep(bars.k, k_st, kKeepK && n == r.n_min, k_last);
       if constexpr (kMasked) mask_if_needed(s, n, m_block);
       const bool any_rescale = softmax.update_max(s, corr);
       if constexpr (kExpUnderPv) {
