@@ -1,14 +1,14 @@
 // Tile shapes of the forward kernel per head dim (chosen by measurement: docs/perf-log.md).
 // Shared memory must fit 227 KB: Q [kBlockM][kHeadDim] + kStages x (K + V) [kBlockN][kHeadDim]
-// (+ a separate O staging tile unless O reuses Q's space).  Registers per consumer thread hold
+// (+ an O staging tile; with kOInKV none, or a 64-row half where it fits: fwd_smem.cuh).  Registers per consumer thread hold
 // S (kBlockN/2 floats), P (kBlockN/4 words) and O (kHeadDim/2 floats).
 #pragma once
 
 namespace fa3::attn {
 
-// Compile-time switches of the kernel's scheduling techniques (FlashAttention-3 3.1, 3.2 and two
-// of ours); each tile's kSchedule below says which the product runs, the benchmark's ablation mode
-// flips one at a time.
+// Compile-time switches of the kernel's scheduling techniques (FlashAttention-3 3.1 and 3.2,
+// FlashAttention-4's lazy rescale, and two of ours); each tile's kSchedule below says which the
+// product runs, the benchmark's ablation mode flips one at a time.
 enum Schedule : int {
   kPingpong = 1,  // warpgroups take turns issuing GEMMs so one's softmax hides under the other's
   kOverlap = 2,   // issue QK^T of block n+1 before the softmax of block n, PV of block n under it
