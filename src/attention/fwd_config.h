@@ -1,7 +1,7 @@
 // Tile shapes of the forward kernel per head dim (chosen by measurement: docs/perf-log.md).
 // Shared memory must fit 227 KB: Q [kBlockM][kHeadDim] + kStages x (K + V) [kBlockN][kHeadDim]
-// (+ an O staging tile; with kOInKV none, or a 64-row half where it fits: fwd_smem.cuh).  Registers per consumer thread hold
-// S (kBlockN/2 floats), P (kBlockN/4 words) and O (kHeadDim/2 floats).
+// (+ an O staging tile; with kOInKV none, or a 64-row half where it fits: fwd_smem.cuh).
+// Registers per consumer thread hold S (kBlockN/2 floats), P (kBlockN/4 words) and O (kHeadDim/2 floats).
 #pragma once
 
 namespace fa3::attn {
