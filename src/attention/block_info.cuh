@@ -3,6 +3,7 @@
 //   i + sk - sq - window_left <= j <= i + sk - sq + window_right   (each side only when bounded).
 #pragma once
 #include "src/attention/fwd_params.h"
+#include "src/attention/tile_scheduler.cuh"
 
 namespace fa3::attn {
 
@@ -26,6 +27,20 @@ __device__ __forceinline__ BlockRange block_range(int m_block, const FwdKernelPa
   if (p.window_left >= 0)  // the tile's first row sees from key first_row + offset - left
     n_min = max(0, floor_div(m_block * kBlockM + offset - p.window_left, kBlockN));
   return {n_min, n_max};
+}
+
+// The CTA's next tile with at least one visible key, from its step `step` on (advanced past it);
+// `on_empty` sees the tiles skipped on the way (the consumers write their zeros, the producer
+// loads nothing for them). False when the CTA has no more tiles.
+template <int kBlockM, int kBlockN, class OnEmpty>
+__device__ __forceinline__ bool next_visible_tile(int& step, const FwdKernelParams& p, WorkTile& w, BlockRange& r,
+                                                  OnEmpty&& on_empty) {
+  while (tile_at_step(step++, blockIdx.x, gridDim.x, p, w)) {
+    r = block_range<kBlockM, kBlockN>(w.m_block, p);
+    if (!r.empty()) return true;
+    on_empty(w);
+  }
+  return false;
 }
 
 // True when some element of key block n is invisible to some row of the tile: the key tail,

@@ -48,15 +48,9 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_q);
     hopper::tma_prefetch_map(&p.tma_k);
     hopper::tma_prefetch_map(&p.tma_v);
-    // The CTA's tiles with at least one visible key (the consumers write zeros for the others
-    // without touching smem).
     int step = 0;
     auto next_tile = [&](WorkTile& t, BlockRange& r) {
-      while (tile_at_step(step++, blockIdx.x, gridDim.x, p, t)) {
-        r = block_range<Cfg::kBlockM, Cfg::kBlockN>(t.m_block, p);
-        if (!r.empty()) return true;
-      }
-      return false;
+      return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, p, t, r, [](const WorkTile&) {});
     };
     auto load_first_k = [&](const WorkTile& t, const BlockRange& r) {
       load_kv(&p.tma_k, bars.k, k_st, &Smem::k, r.n_max - 1, t.head / p.head_ratio, t.batch);

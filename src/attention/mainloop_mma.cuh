@@ -98,15 +98,23 @@ struct MainloopMma {
     st.advance();
   }
 
+  // Releases the stage, or (keep) holds it back in `held` for O's staging (kOInKV).
   __device__ __forceinline__ void release_or_keep(hopper::PipelineBarriers<Cfg::kStages>& ring,
-                                                  hopper::PipelineState<Cfg::kStages>& st, bool last,
-                                                  hopper::PipelineState<Cfg::kStages>& kept) {
-    if (Cfg::kOInKV && last) {
-      kept = st;
+                                                  hopper::PipelineState<Cfg::kStages>& st, bool keep,
+                                                  hopper::PipelineState<Cfg::kStages>& held) {
+    if (keep) {
+      held = st;
       st.advance();
     } else {
       release(ring, st);
     }
+  }
+  // kOInKV, after the tile: where this warpgroup stages its 64 rows of O (consumer 1 the held V
+  // stage, consumer 0 its half tile or the held K stage); the stages go back at the next tile.
+  __device__ __forceinline__ uint8_t* o_staging_in_kept_stage() {
+    kept = true;
+    if (consumer == 1) return smem.v(v_last.index);
+    return kKeepK ? smem.k(k_last.index) : smem.o();
   }
   __device__ __forceinline__ void release_kept() {
     if (thread == 0) {
@@ -159,7 +167,7 @@ struct MainloopMma {
 
   // Blocks n_max-2 .. n_min. Overlap schedule: QK^T of block n goes out with PV of block n+1, and
   // the softmax of block n runs while that PV is in flight. On return P holds the last block's
-  // probabilities, whose PV is still to do (end_tile / end_tile_begin_next).
+  // probabilities, whose PV is still to do (end_tile / end_tile_start_next).
   __device__ __forceinline__ void middle_blocks(int m_block, const BlockRange& r, int q_stage, OFrag& o, SFrag& s,
                                                 PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
@@ -197,7 +205,7 @@ struct MainloopMma {
     issue_pv(o, pa, v_st.index);
     hopper::wgmma_wait<0>();
     hopper::fence_operand(o);
-    release_or_keep(bars.v, v_st, true, v_last);
+    release_or_keep(bars.v, v_st, Cfg::kOInKV, v_last);
   }
 
   // Cross-tile overlap (kCrossTile), in two calls around the epilogue: the tile's last PV goes out
