@@ -62,6 +62,30 @@ struct MainloopMma {
       if (consumer == kConsumers - 1) hopper::named_barrier_arrive(kBarSchedule, 2 * hopper::kWarpgroupSize);
   }
 
+  // ---- the tile's first key block: how much of it this warpgroup computes ----
+  // That block (n_max-1) holds the causal diagonal and the key tail. Where every key past its
+  // first half is invisible to all 64 rows of this warpgroup (the upper rows of a diagonal tile, a
+  // short tail), its softmax and PV run on that half only; where it sees none of the block (64-key
+  // blocks under 128-row tiles), not at all (the PV commits an empty group: the wait counts stay).
+  // Not in the cross-tile stream: its short causal tiles measured 5% slower with it (perf-log step 21).
+  enum Width : int { kNone, kHalf, kFull };
+  static constexpr bool kNarrowFirst = !kCrossTile;
+  static constexpr bool kCanHalve = kN % 32 == 0;  // the half's PV still takes whole 16-key steps
+  int pv_width = kFull;  // of the block whose PV goes out next
+
+  __device__ __forceinline__ int first_block_width(int n, int m_block) const {
+    if constexpr (!kNarrowFirst) return kFull;
+    int end = p.seqlen_k;  // one past this warpgroup's last visible key
+    if constexpr (kMasked) {
+      if (p.window_right >= 0) {
+        const int last_row = min(m_block * kM + consumer * 64 + 63, p.seqlen_q - 1);
+        end = min(end, last_row + p.seqlen_k - p.seqlen_q + p.window_right + 1);
+      }
+    }
+    const int visible = end - n * kN;
+    return visible <= 0 ? kNone : kCanHalve && visible <= kN / 2 ? kHalf : kFull;
+  }
+
   // ---- the two GEMMs (fence + issue + commit; the caller waits) ----
   // Each batch starts with wgmma.fence: the softmax wrote S, P and O with ordinary instructions.
   __device__ __forceinline__ void issue_qk(float (&s)[kN / 2], int q_stage, int stage) const {
@@ -79,17 +103,27 @@ struct MainloopMma {
     hopper::fence_operand(s);
   }
 
-  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
+  // kKeys: the block's first kKeys keys (P's first kKeys/16 k-steps).
+  template <int kKeys = kN>
+  __device__ __forceinline__ void issue_pv_keys(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
     hopper::fence_operand(o);
     hopper::wgmma_fence();
     // V is [keys][d] with d contiguous: N-major B. LBO = bytes between 64-column panels of d,
     // SBO = 8 keys; each k-step advances 16 keys = 16 rows of 128 bytes.
     const uint64_t dv = hopper::make_smem_desc(hopper::smem_u32(smem.v(stage)), Smem::kKVPanelBytes, 1024);
 #pragma unroll
-    for (int kb = 0; kb < kN / 16; ++kb)
+    for (int kb = 0; kb < kKeys / 16; ++kb)
       Mma::template Op<kD>::template rs<1>(o, pa[kb], hopper::desc_advance(dv, kb * 16 * hopper::kSwizzleBytes), 1);
     hopper::wgmma_commit();
     hopper::fence_operand(o);
+  }
+  // The PV of the block whose softmax ran last, at that block's width.
+  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) {
+    const int width = pv_width;
+    pv_width = kFull;
+    if (width == kFull) issue_pv_keys(o, pa, stage);
+    else if (kCanHalve && width == kHalf) issue_pv_keys<(kCanHalve ? kN / 2 : kN)>(o, pa, stage);
+    else issue_pv_keys<0>(o, pa, stage);
   }
 
   __device__ __forceinline__ void release(hopper::PipelineBarriers<Cfg::kStages>& ring,
@@ -130,12 +164,36 @@ struct MainloopMma {
     for (int i = 0; i < kD / 2; ++i) o[i] *= c[(i >> 1) & 1];
   }
 
+  __device__ __forceinline__ int row0_of_thread(int m_block) const {
+    return m_block * kM + consumer * 64 + (thread / 32) * 16 + (thread % 32) / 4;
+  }
   __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block) const {
-    if (block_needs_mask<kM, kN, kMasked>(n, m_block, p)) {
-      const int lane = thread % 32;
-      const int row0 = m_block * kM + consumer * 64 + (thread / 32) * 16 + lane / 4;
-      apply_mask<kN, kMasked>(s, row0, n * kN + 2 * (lane % 4), p);
+    if (block_needs_mask<kM, kN, kMasked>(n, m_block, p))
+      apply_mask<kN, kMasked>(s, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+  }
+
+  // Mask, softmax and packing of a tile's first block (n) at its width, which its PV keeps. A
+  // fresh row max: nothing to correct. The QK^T ran at full width: ptxas serialises every wgmma of
+  // the kernel when GEMMs of two widths join inside a wgmma pipeline stage.
+  __device__ __forceinline__ void first_softmax(int width, float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4],
+                                                Softmax& softmax, int n, int m_block) {
+    float corr[2];
+    pv_width = width;
+    if (width == kFull) {
+      mask_if_needed(s, n, m_block);
+      softmax.update_max(s, corr);
+      softmax.exponentiate(s);
+      Softmax::template pack<Mma>(s, pa);
+    } else if constexpr (kCanHalve) {
+      if (width == kHalf) {  // a half block always needs its mask
+        auto& s_half = reinterpret_cast<float(&)[kN / 4]>(s);
+        apply_mask<kN / 2, kMasked>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+        softmax.template update_max<kN / 2>(s_half, corr);
+        softmax.template exponentiate<kN / 2>(s_half);
+        Softmax::template pack<Mma, kN / 2>(s_half, pa);
+      }
     }
+    // kNone: nothing visible, the softmax state stays empty and P is never read.
   }
 
   using SFrag = float[kN / 2];          // S (then P in fp32) of one block
@@ -147,7 +205,6 @@ struct MainloopMma {
   __device__ __forceinline__ void begin_tile(int m_block, const BlockRange& r, int q_stage, OFrag& o, SFrag& s,
                                              PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
-    float corr[2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     bars.k.consumer_wait(k_st);
@@ -159,10 +216,7 @@ struct MainloopMma {
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
     release_or_keep(bars.k, k_st, kKeepK && r.n_min == r.n_max - 1, k_last);
-    mask_if_needed(s, r.n_max - 1, m_block);
-    softmax.update_max(s, corr);
-    softmax.exponentiate(s);
-    Softmax::template pack<Mma>(s, pa);
+    first_softmax(first_block_width(r.n_max - 1, m_block), s, pa, softmax, r.n_max - 1, m_block);
   }
 
   // Blocks n_max-2 .. n_min. Overlap schedule: QK^T of block n goes out with PV of block n+1, and
@@ -228,14 +282,10 @@ struct MainloopMma {
   __device__ __forceinline__ void next_first_softmax(int m_next, const BlockRange& r_next, SFrag& s, PFrag& pa,
                                                      Softmax& next) {
     auto& bars = smem.bars();
-    float corr[2];
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
     release(bars.k, k_st);
-    mask_if_needed(s, r_next.n_max - 1, m_next);
-    next.update_max(s, corr);  // a fresh row max: nothing to correct
-    next.exponentiate(s);
-    Softmax::template pack<Mma>(s, pa);
+    first_softmax(first_block_width(r_next.n_max - 1, m_next), s, pa, next, r_next.n_max - 1, m_next);
   }
 
   // One whole tile without cross-tile overlap: the unnormalised O of this warpgroup's rows and the

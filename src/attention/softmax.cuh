@@ -38,10 +38,13 @@ struct OnlineSoftmax {
   // Folds a new block's row maxima into the running max; `correction` is what O and the sums
   // computed so far must be multiplied by (exp2(old max - new max)). Returns whether any row of
   // the warp needs that (warp-uniform, so the caller can skip rescaling O as a whole).
-  __device__ __forceinline__ bool update_max(const float (&s)[kBlockN / 2], float (&correction)[2]) {
+  // kCols < kBlockN: a block whose keys past kCols are invisible to all rows (only the first kCols/2
+  // fragment elements are computed; MainloopMma's narrow first block), here and below.
+  template <int kCols = kBlockN>
+  __device__ __forceinline__ bool update_max(const float (&s)[kCols / 2], float (&correction)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
+    for (int j = 0; j < kCols / 8; ++j) {
       mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
       mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
     }
@@ -60,11 +63,12 @@ struct OnlineSoftmax {
   // S := exp2(S * scale_log2 - row_max) in place (P in fp32), and adds the row sums.  P is packed to
   // 16 bits by pack() separately: the mainloop computes the exponentials while the previous PV
   // GEMM still reads the packed P registers.
-  __device__ __forceinline__ void exponentiate(float (&s)[kBlockN / 2]) {
+  template <int kCols = kBlockN>
+  __device__ __forceinline__ void exponentiate(float (&s)[kCols / 2]) {
     const float sub0 = row_max[0] == -INFINITY ? 0.f : row_max[0];
     const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
+    for (int j = 0; j < kCols / 8; ++j) {
       s[4 * j + 0] = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
       s[4 * j + 1] = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
       s[4 * j + 2] = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
@@ -75,10 +79,10 @@ struct OnlineSoftmax {
   }
   // P in the 16-bit A-fragment layout of the PV wgmma, two per register (k-step kb takes
   // accumulator elements 8kb .. 8kb+7).
-  template <class Pack>
-  __device__ __forceinline__ static void pack(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+  template <class Pack, int kCols = kBlockN>
+  __device__ __forceinline__ static void pack(const float (&s)[kCols / 2], uint32_t (&p)[kBlockN / 16][4]) {
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
+    for (int j = 0; j < kCols / 8; ++j) {
       p[j >> 1][2 * (j & 1) + 0] = Pack::pack(s[4 * j + 0], s[4 * j + 1]);
       p[j >> 1][2 * (j & 1) + 1] = Pack::pack(s[4 * j + 2], s[4 * j + 3]);
     }
