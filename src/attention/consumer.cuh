@@ -59,6 +59,12 @@ struct FwdConsumer {
         continue;
       }
       bars.q.consumer_wait(q_st);
+      if (mainloop.rows_past_end(w.m_block)) {  // nothing to compute or store (rows past seqlen_q)
+        mainloop.run_idle(r);
+        release_q();
+        q_st.advance();
+        continue;
+      }
       float o[Cfg::kHeadDim / 2];
       Softmax softmax(p.scale_log2);
       mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] { release_q(); });

@@ -64,13 +64,14 @@ struct MainloopMma {
 
   // ---- the tile's first key block: how much of it this warpgroup computes ----
   // That block (n_max-1) holds the causal diagonal and the key tail. Where every key past its
-  // first half is invisible to all 64 rows of this warpgroup (the upper rows of a diagonal tile, a
-  // short tail), its softmax and PV run on that half only; where it sees none of the block (64-key
+  // first half (kHalfN: rounded up to whole 16-key PV steps) is invisible to all 64 rows of this
+  // warpgroup (upper rows of a diagonal tile, a short tail), its softmax and PV run on that half; where it sees none of the block (64-key
   // blocks under 128-row tiles), not at all (the PV commits an empty group: the wait counts stay).
   // Not in the cross-tile stream: its short causal tiles measured 5% slower with it (perf-log step 21).
   enum Width : int { kNone, kHalf, kFull };
   static constexpr bool kNarrowFirst = !kCrossTile;
-  static constexpr bool kCanHalve = kN % 32 == 0;  // the half's PV still takes whole 16-key steps
+  static constexpr int kHalfN = (kN / 2 + 15) / 16 * 16;  // whole 16-key k-steps for the PV
+  static constexpr bool kCanHalve = kHalfN < kN;
   int pv_width = kFull;  // of the block whose PV goes out next
 
   __device__ __forceinline__ int first_block_width(int n, int m_block) const {
@@ -83,7 +84,7 @@ struct MainloopMma {
       }
     }
     const int visible = end - n * kN;
-    return visible <= 0 ? kNone : kCanHalve && visible <= kN / 2 ? kHalf : kFull;
+    return visible <= 0 ? kNone : kCanHalve && visible <= kHalfN ? kHalf : kFull;
   }
 
   // ---- the two GEMMs (fence + issue + commit; the caller waits) ----
@@ -122,7 +123,7 @@ struct MainloopMma {
     const int width = pv_width;
     pv_width = kFull;
     if (width == kFull) issue_pv_keys(o, pa, stage);
-    else if (kCanHalve && width == kHalf) issue_pv_keys<(kCanHalve ? kN / 2 : kN)>(o, pa, stage);
+    else if (kCanHalve && width == kHalf) issue_pv_keys<kHalfN>(o, pa, stage);
     else issue_pv_keys<0>(o, pa, stage);
   }
 
@@ -186,11 +187,11 @@ struct MainloopMma {
       Softmax::template pack<Mma>(s, pa);
     } else if constexpr (kCanHalve) {
       if (width == kHalf) {  // a half block always needs its mask
-        auto& s_half = reinterpret_cast<float(&)[kN / 4]>(s);
-        apply_mask<kN / 2, kMasked>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
-        softmax.template update_max<kN / 2>(s_half, corr);
-        softmax.template exponentiate<kN / 2>(s_half);
-        Softmax::template pack<Mma, kN / 2>(s_half, pa);
+        auto& s_half = reinterpret_cast<float(&)[kHalfN / 2]>(s);
+        apply_mask<kHalfN, kMasked>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+        softmax.template update_max<kHalfN>(s_half, corr);
+        softmax.template exponentiate<kHalfN>(s_half);
+        Softmax::template pack<Mma, kHalfN>(s_half, pa);
       }
     }
     // kNone: nothing visible, the softmax state stays empty and P is never read.
@@ -286,6 +287,26 @@ struct MainloopMma {
     hopper::fence_operand(s);
     release(bars.k, k_st);
     first_softmax(first_block_width(r_next.n_max - 1, m_next), s, pa, next, r_next.n_max - 1, m_next);
+  }
+
+  // A warpgroup whose 64 rows all lie past seqlen_q (the last tile of a 192-row tiling: a ninth of
+  // the work at 512 and 1k) has nothing to compute: it only walks the rings with the others and
+  // takes its pingpong turns (one per block, as in the overlap schedule). Per-tile flow, O staged
+  // in a tile of its own (no shared barrier in the epilogue) only.
+  static constexpr bool kCanIdle = kUseOverlap && !kCrossTile && !Cfg::kOInKV;
+  __device__ __forceinline__ bool rows_past_end(int m_block) const {
+    return kCanIdle && m_block * kM + consumer * 64 >= p.seqlen_q;
+  }
+  __device__ void run_idle(const BlockRange& r) {
+    auto& bars = smem.bars();
+    for (int n = r.n_max - 1; n >= r.n_min; --n) {
+      bars.k.consumer_wait(k_st);
+      turn_wait();
+      turn_pass();
+      release(bars.k, k_st);
+      bars.v.consumer_wait(v_st);
+      release(bars.v, v_st);
+    }
   }
 
   // One whole tile without cross-tile overlap: the unnormalised O of this warpgroup's rows and the
