@@ -1,9 +1,10 @@
 #include "bench/tune_tile.cuh"
 
-// Candidate of perf-log step 22: the 192-row tile (idle third warpgroup past seqlen_q, narrow first
-// blocks) on short causal sequences, where the product takes the 128-row stream tile.
+// Candidate of perf-log step 23: the short causal stream tile with its exponentials under the PV
+// again (kExpUnderPv, the choice before that step).
 namespace fa3::bench {
 void add_d64(std::vector<TuneVariant>& v) {
-  add_variant<attn::FwdConfig<64, false>>(v);
+  using Alt = attn::FwdConfig<64, true>;
+  add_variant<attn::WithSchedule<Alt, Alt::kSchedule | attn::kExpUnderPv>>(v);
 }
 }  // namespace fa3::bench

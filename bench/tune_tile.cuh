@@ -24,5 +24,6 @@ void add_variant(std::vector<TuneVariant>& v) {
 
 void add_d64(std::vector<TuneVariant>& v);
 void add_d128(std::vector<TuneVariant>& v);
+void add_d256(std::vector<TuneVariant>& v);
 
 }  // namespace fa3::bench

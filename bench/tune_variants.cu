@@ -9,6 +9,7 @@ const std::vector<TuneVariant>& tune_variants() {
     std::vector<TuneVariant> v;
     add_d64(v);
     add_d128(v);
+    add_d256(v);
     return v;
   }();
   return all;

@@ -57,9 +57,11 @@ inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) 
 template <>
 struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false> {};
 // The short causal tile also streams its tiles (kCrossTile): +6% at causal 512, +2% at 1k; the
-// other tiles measured 2-10% slower with it (perf-log step 13).
+// other tiles measured 2-10% slower with it (perf-log step 13). Its exponentials wait for the PV
+// (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23).
 template <>
-struct FwdConfig<64, true> : TileConfig<64, 128, 128, 2, false, kFullSchedule | kCrossTile> {};
+struct FwdConfig<64, true>
+    : TileConfig<64, 128, 128, 2, false, (kFullSchedule & ~kExpUnderPv) | kCrossTile> {};
 template <>
 struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
 // d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking
@@ -76,7 +78,8 @@ template <>
 struct FwdConfig<256, false> : TileConfig<256, 128, 80, 2, true> {};
 // Short key sequences at d256: 64-key blocks waste less of the last (partial) block and of the
 // causal diagonal: +5% at 512, +1-4% at 1k-2k, but 2-4% slower at 8k-16k causal (perf-log step 11).
+// Without pingpong: +1% causal 512-1k, level non-causal (step 23).
 template <>
-struct FwdConfig<256, true> : TileConfig<256, 128, 64, 2, true> {};
+struct FwdConfig<256, true> : TileConfig<256, 128, 64, 2, true, kFullSchedule & ~kPingpong> {};
 
 }  // namespace fa3::attn
