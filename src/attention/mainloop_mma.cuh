@@ -165,12 +165,13 @@ struct MainloopMma {
     for (int i = 0; i < kD / 2; ++i) o[i] *= c[(i >> 1) & 1];
   }
 
+  static constexpr bool kRelativeMask = kN >= 128;  // mask.cuh
   __device__ __forceinline__ int row0_of_thread(int m_block) const {
     return m_block * kM + consumer * 64 + (thread / 32) * 16 + (thread % 32) / 4;
   }
   __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block) const {
     if (block_needs_mask<kM, kN, kMasked>(n, m_block, p))
-      apply_mask<kN, kMasked>(s, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+      apply_mask<kN, kMasked, kRelativeMask>(s, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
   }
 
   // Mask, softmax and packing of a tile's first block (n) at its width, which its PV keeps. A
@@ -188,7 +189,7 @@ struct MainloopMma {
     } else if constexpr (kCanHalve) {
       if (width == kHalf) {  // a half block always needs its mask
         auto& s_half = reinterpret_cast<float(&)[kHalfN / 2]>(s);
-        apply_mask<kHalfN, kMasked>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+        apply_mask<kHalfN, kMasked, kRelativeMask>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
         softmax.template update_max<kHalfN>(s_half, corr);
         softmax.template exponentiate<kHalfN>(s_half);
         Softmax::template pack<Mma, kHalfN>(s_half, pa);
