@@ -16,7 +16,8 @@ enum Schedule : int {
   kExpUnderPv = 8,   // with kOverlap: the exponentials too run under the PV GEMM (P packed after it)
   kCrossTile = 16,   // with kOverlap: a tile's last PV goes out with the next tile's first QK^T,
                      // the epilogue runs under that QK^T; needs a second Q buffer
-  kFullSchedule = kPingpong | kOverlap | kLazyRescale | kExpUnderPv,  // kCrossTile: per tile, below
+  kNarrowFirst = 32,  // a tile's first key block: softmax and PV only on the keys a warpgroup can see
+  kFullSchedule = kPingpong | kOverlap | kLazyRescale | kExpUnderPv | kNarrowFirst,  // kCrossTile: per tile
 };
 
 // One tile configuration: kBlockM query rows (64 per consumer warpgroup) x kBlockN keys per block,
@@ -58,10 +59,10 @@ template <>
 struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false> {};
 // The short causal tile also streams its tiles (kCrossTile): +6% at causal 512, +2% at 1k; the
 // other tiles measured 2-10% slower with it (perf-log step 13). Its exponentials wait for the PV
-// (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23).
+// (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23); narrow first blocks cost it 5% (step 21).
 template <>
 struct FwdConfig<64, true>
-    : TileConfig<64, 128, 128, 2, false, (kFullSchedule & ~kExpUnderPv) | kCrossTile> {};
+    : TileConfig<64, 128, 128, 2, false, (kFullSchedule & ~kExpUnderPv & ~kNarrowFirst) | kCrossTile> {};
 template <>
 struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
 // d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking

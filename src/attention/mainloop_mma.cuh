@@ -67,9 +67,8 @@ struct MainloopMma {
   // first half (kHalfN: rounded up to whole 16-key PV steps) is invisible to all 64 rows of this
   // warpgroup (upper rows of a diagonal tile, a short tail), its softmax and PV run on that half; where it sees none of the block (64-key
   // blocks under 128-row tiles), not at all (the PV commits an empty group: the wait counts stay).
-  // Not in the cross-tile stream: its short causal tiles measured 5% slower with it (perf-log step 21).
   enum Width : int { kNone, kHalf, kFull };
-  static constexpr bool kNarrowFirst = !kCrossTile;
+  static constexpr bool kNarrowFirst = (kSched & Schedule::kNarrowFirst) != 0;
   static constexpr int kHalfN = (kN / 2 + 15) / 16 * 16;  // whole 16-key k-steps for the PV
   static constexpr bool kCanHalve = kHalfN < kN;
   int pv_width = kFull;  // of the block whose PV goes out next
