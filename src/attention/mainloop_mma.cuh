@@ -9,7 +9,9 @@
 //     and the softmax of block n (row max, and with kExpUnderPv the exponentials) runs while that
 //     PV is still in flight; only the O rescale and packing P wait for it;
 //   cross-tile overlap (kCrossTile, ours): the same between the last block of one tile and the first
-//     block of the next, so a persistent CTA's tiles form one stream of blocks.
+//     block of the next, so a persistent CTA's tiles form one stream of blocks;
+//   narrow first blocks (kNarrowFirst, ours): a tile's first block only as wide as this warpgroup's
+//     rows can see; and warpgroups whose rows all lie past seqlen_q sit the tile out (run_idle).
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_config.h"
@@ -65,8 +67,9 @@ struct MainloopMma {
   // ---- the tile's first key block: how much of it this warpgroup computes ----
   // That block (n_max-1) holds the causal diagonal and the key tail. Where every key past its
   // first half (kHalfN: rounded up to whole 16-key PV steps) is invisible to all 64 rows of this
-  // warpgroup (upper rows of a diagonal tile, a short tail), its softmax and PV run on that half; where it sees none of the block (64-key
-  // blocks under 128-row tiles), not at all (the PV commits an empty group: the wait counts stay).
+  // warpgroup (upper rows of a diagonal tile, a short tail), its softmax and PV run on that half;
+  // where the warpgroup sees none of the block (64-key blocks under 128-row tiles), not at all (the
+  // PV commits an empty group, so the wait counts stay). kNarrowFirst, perf-log steps 21-22.
   enum Width : int { kNone, kHalf, kFull };
   static constexpr bool kNarrowFirst = (kSched & Schedule::kNarrowFirst) != 0;
   static constexpr int kHalfN = (kN / 2 + 15) / 16 * 16;  // whole 16-key k-steps for the PV
