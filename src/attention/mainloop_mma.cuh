@@ -206,9 +206,22 @@ struct MainloopMma {
 
   // The tile's first block (n_max-1, the one that may hold the diagonal / the key tail) on its
   // own: S = QK^T, then the softmax into P. O starts at zero.
-  __device__ __forceinline__ void begin_tile(int m_block, const BlockRange& r, int q_stage, OFrag& o, SFrag& s,
+  // With blocks narrower than 128 keys, blocks this warpgroup sees nothing of (the upper rows'
+  // share of a 64-key diagonal) are walked past before any GEMM, QK^T included (r shrinks for this
+  // warpgroup; a skipped QK^T inside the wgmma stream made ptxas serialise it, step 21): +1-2% at
+  // d256 causal 512-2k. The 128-key tiles rarely have such blocks and measured 1-2% slower with
+  // the loop (step 29). Never the tile's last block, whose stages may be kept for O (kOInKV); the
+  // previous tile's kept stages go back first (the producer needs them).
+  static constexpr bool kSkipHidden = kNarrowFirst && kN < 128;
+  __device__ __forceinline__ void begin_tile(int m_block, BlockRange& r, int q_stage, OFrag& o, SFrag& s,
                                              PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
+    while (kSkipHidden && r.n_max - 1 > r.n_min && first_block_width(r.n_max - 1, m_block) == kNone) {
+      if constexpr (Cfg::kOInKV)
+        if (kept) release_kept();
+      skip_block();
+      --r.n_max;
+    }
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     bars.k.consumer_wait(k_st);
@@ -301,22 +314,24 @@ struct MainloopMma {
     return kCanIdle && m_block * kM + consumer * 64 >= p.seqlen_q;
   }
   __device__ void run_idle(const BlockRange& r) {
+    for (int n = r.n_max - 1; n >= r.n_min; --n) skip_block();
+  }
+  // One key block this warpgroup does not compute: its stages go back once loaded, its turn passes.
+  __device__ __forceinline__ void skip_block() {
     auto& bars = smem.bars();
-    for (int n = r.n_max - 1; n >= r.n_min; --n) {
-      bars.k.consumer_wait(k_st);
-      turn_wait();
-      turn_pass();
-      release(bars.k, k_st);
-      bars.v.consumer_wait(v_st);
-      release(bars.v, v_st);
-    }
+    bars.k.consumer_wait(k_st);
+    turn_wait();
+    turn_pass();
+    release(bars.k, k_st);
+    bars.v.consumer_wait(v_st);
+    release(bars.v, v_st);
   }
 
   // One whole tile without cross-tile overlap: the unnormalised O of this warpgroup's rows and the
   // softmax statistics. `q_done` runs once every QK^T of the tile has completed (Q's buffer may be
   // reused).
   template <class QDone>
-  __device__ void run(int m_block, const BlockRange& r, int q_stage, OFrag& o, Softmax& softmax, QDone&& q_done) {
+  __device__ void run(int m_block, BlockRange r, int q_stage, OFrag& o, Softmax& softmax, QDone&& q_done) {
     float s[kN / 2];
     uint32_t pa[kN / 16][4];
     begin_tile(m_block, r, q_stage, o, s, pa, softmax);
