@@ -11,54 +11,34 @@ namespace fa3::attn {
 // row0: this thread's first row (global query index); its second row is row0 + 8.
 // col0: global key index of this thread's first column in block n (n * kBlockN + 2 * (lane % 4)).
 // kBlockN: the fragment's width (a narrow first block's half, or the whole block).
-// kRelative (the tiles with 128 or more keys per block, see below) picks one of two ways to compare.
+// kRelative: the bounds are taken relative to col0, once per row, so each score costs one compare
+// against a constant and one select, and without a left window edge (causal, key tails) the lower
+// bound is skipped: +0.5-2% at d64/d128 causal 512-2k, where the softmax is bound by instruction
+// issue and diagonal blocks are up to 40% of all; the narrower d192/d256 blocks measured 1.5%
+// slower that way and compare global columns against both bounds (perf-log step 24).
 template <int kBlockN, bool kMasked, bool kRelative>
 __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, int col0, const FwdKernelParams& p) {
-  if constexpr (kRelative) {
-    // Wide blocks (the d64/d96/d128 tiles, where the softmax is bound by instruction issue and
-    // diagonal blocks are up to 40% of all at causal 512): bounds relative to col0, once per row,
-    // so each score costs one compare against a constant and one select, and without a left
-    // window edge (causal, key tails) the lower bound is skipped: +0.5-2% at d64/d128 causal 512-2k.
-    // The narrower d192/d256 blocks measured 1.5% slower that way (perf-log step 24).
-    int lo[2] = {0, 0}, hi[2] = {p.seqlen_k - col0, p.seqlen_k - col0};  // visible: lo <= acc_col(i) < hi
-    bool has_lo = false;
-    if constexpr (kMasked) {
-      const int offset = p.seqlen_k - p.seqlen_q - col0;
+  const int origin = kRelative ? col0 : 0;  // columns and bounds are measured from here
+  int lo[2] = {0, 0}, hi[2] = {p.seqlen_k - origin, p.seqlen_k - origin};  // visible: lo <= col < hi
+  if constexpr (kMasked) {
+    const int offset = p.seqlen_k - p.seqlen_q - origin;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
-        if (p.window_right >= 0) hi[h] = min(hi[h], row + offset + p.window_right + 1);
-        if (p.window_left >= 0) lo[h] = row + offset - p.window_left;
-      }
-      has_lo = p.window_left >= 0;
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      if (p.window_right >= 0) hi[h] = min(hi[h], row + offset + p.window_right + 1);
+      if (p.window_left >= 0) lo[h] = row + offset - p.window_left;
     }
-    if (has_lo) {
+  }
+  if (!kRelative || (kMasked && p.window_left >= 0)) {
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) {  // fully unrolled: the fragment stays in registers
-        const int h = (i >> 1) & 1, c = hopper::acc_col(i);
-        if (c < lo[h] || c >= hi[h]) s[i] = -INFINITY;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i)
-        if (hopper::acc_col(i) >= hi[(i >> 1) & 1]) s[i] = -INFINITY;
-    }
-  } else {
-    int lo[2] = {0, 0}, hi[2] = {p.seqlen_k, p.seqlen_k};  // visible: lo <= col < hi
-    if constexpr (kMasked) {
-      const int offset = p.seqlen_k - p.seqlen_q;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
-        if (p.window_right >= 0) hi[h] = min(hi[h], row + offset + p.window_right + 1);
-        if (p.window_left >= 0) lo[h] = row + offset - p.window_left;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) {
-      const int h = (i >> 1) & 1, col = col0 + hopper::acc_col(i);
+    for (int i = 0; i < kBlockN / 2; ++i) {  // fully unrolled: the fragment stays in registers
+      const int h = (i >> 1) & 1, col = col0 - origin + hopper::acc_col(i);
       if (col < lo[h] || col >= hi[h]) s[i] = -INFINITY;
     }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i)
+      if (hopper::acc_col(i) >= hi[(i >> 1) & 1]) s[i] = -INFINITY;
   }
 }
 
