@@ -9,7 +9,7 @@ import pathlib
 import sys
 
 # The N values in use: key-block widths (QK^T) and head dims (PV) of fwd_config.h and bench/tune_d*.cu.
-N_VALUES = [64, 80, 96, 112, 128, 176, 192, 256]
+N_VALUES = [64, 80, 96, 112, 128, 192, 256]
 TYPES = {"Bf16": ("bf16", "k16"), "F16": ("f16", "k16")}
 OUT = pathlib.Path(__file__).resolve().parent.parent / "src" / "hopper" / "wgmma_ops.cuh"
 

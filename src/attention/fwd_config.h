@@ -28,11 +28,17 @@ struct TileConfig {
   static constexpr int kHeadDim = kD, kBlockM = kM, kBlockN = kN, kStages = kS;
   static constexpr bool kOInKV = kOInKV_;
   static constexpr int kSchedule = kSched;
+  static constexpr int kPolyPeriod = 0;  // OnlineSoftmax: exponentials on the FMA pipe (0: none)
 };
 // A tile with other schedule flags (the benchmark's ablation).
 template <class Cfg, int kSched>
 struct WithSchedule : Cfg {
   static constexpr int kSchedule = kSched;
+};
+// A tile that computes one in kPeriod groups of exponentials on the FMA pipe.
+template <class Cfg, int kPeriod>
+struct WithPolyExp : Cfg {
+  static constexpr int kPolyPeriod = kPeriod;
 };
 
 // The product's tiles. kAlt selects a head dim's second tile, for the problems use_alt_tile()
@@ -40,14 +46,14 @@ struct WithSchedule : Cfg {
 template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
 
-// d128: a 176-key block for long key sequences; d64: 128 query rows for short causal/local ones;
-// d256: a 64-key block for short key sequences. has_alt_tile: which (head dim, mask) pairs have a
-// second tile at all (CMakeLists.txt instantiates those).
+// d128: 192 query rows (three consumer warpgroups) for longer key sequences; d64: 128 query rows
+// for short causal/local ones; d256: a 64-key block for short key sequences. has_alt_tile: which
+// (head dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates those).
 constexpr bool has_alt_tile(int head_dim, bool masked) {
   return head_dim == 128 || head_dim == 256 || (head_dim == 64 && masked);
 }
 inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
-  if (head_dim == 128) return seqlen_k >= 8192;
+  if (head_dim == 128) return seqlen_k >= (masked ? 8192 : 2048);
   if (head_dim == 64) return masked && seqlen_q < 2048;
   if (head_dim == 256) return seqlen_k < 4096;
   return false;
@@ -69,10 +75,13 @@ struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
 // turns only delays the GEMMs (2-5% slower at 2k-16k, perf-log step 8).
 template <>
 struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kFullSchedule & ~kPingpong> {};
-// Long key sequences at d128: a wider key block cuts the per-block softmax overhead per FLOP by a quarter;
-// the price (a single Q buffer, O staged in K/V stages) only shows on short sequences, where 128 wins.
+// Longer key sequences at d128: a third consumer warpgroup keeps the tensor pipe fed while two
+// others run their softmax (ncu: 82% busy with two). Three consumers get 160 registers each
+// (O 64 + S 40 + P 20 with 80-key blocks; 96 keys spill): +4-6% over 128x128 at 2k-16k and over
+// the 128x176 tile it replaced at 8k-16k (perf-log step 32); 128x128 stays ahead at 1k and on
+// causal problems below 8k, where 192-row tiles waste more of the diagonal.
 template <>
-struct FwdConfig<128, true> : TileConfig<128, 128, 176, 2, true, kFullSchedule & ~kPingpong> {};
+struct FwdConfig<128, true> : TileConfig<128, 192, 80, 2, false, kFullSchedule & ~kPingpong> {};
 template <>
 struct FwdConfig<192, false> : TileConfig<192, 128, 112, 2, true> {};
 template <>

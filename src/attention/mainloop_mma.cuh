@@ -35,7 +35,7 @@ struct MainloopMma {
   static constexpr bool kExpUnderPv = (kSched & Schedule::kExpUnderPv) != 0;
   static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
   static_assert(!Cfg::kOInKV || (kUseOverlap && !kCrossTile), "O in K/V stages: the overlap schedule's tile ends only");
-  using Softmax = OnlineSoftmax<kN, kLazyRescale>;
+  using Softmax = OnlineSoftmax<kN, kLazyRescale, Cfg::kPolyPeriod>;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
   const FwdKernelParams& p;
