@@ -1,14 +1,12 @@
 #include "bench/tune_tile.cuh"
 
-// Candidates of perf-log step 31: a share of the exponentials on the FMA pipe (exp2_poly) in both
-// d64 tiles; the short causal stream tile with 3 and 4 K/V stages.
+// Candidates of perf-log step 34: d64 with 64-key blocks under 192-row tiles (each warpgroup's hidden
+// diagonal blocks skipped), per tile and as a stream; d96's 192-row tile with 96-key blocks.
 namespace fa3::bench {
 void add_d64(std::vector<TuneVariant>& v) {
-  using Main = attn::FwdConfig<64, false>;
-  using Alt = attn::FwdConfig<64, true>;
-  add_variant<attn::WithPolyExp<Main, 8>>(v);
-  add_variant<attn::WithPolyExp<Alt, 8>>(v);
-  add_variant<attn::TileConfig<64, 128, 128, 3, false, Alt::kSchedule>>(v);
-  add_variant<attn::TileConfig<64, 128, 128, 4, false, Alt::kSchedule>>(v);
+  constexpr int kStream = (attn::kFullSchedule & ~attn::kExpUnderPv) | attn::kCrossTile;
+  add_variant<attn::TileConfig<64, 192, 64, 4, false>>(v);
+  add_variant<attn::TileConfig<64, 192, 64, 4, false, kStream & ~attn::kNarrowFirst>>(v);
+  add_variant<attn::TileConfig<96, 192, 96, 2, false>>(v);
 }
 }  // namespace fa3::bench

@@ -54,7 +54,7 @@ TEST(FwdGpu, EveryHeadDimBothDtypesCausalAndNot) {
 
 TEST(FwdGpu, LongSequencesAgainstCpu) {
   FA3_REQUIRE_GPU();
-  for (int dim : {64, 128, 256})
+  for (int dim : {64, 96, 128, 256})
     for (bool causal : {false, true}) {
       FwdCase c;
       c.head_dim = dim;
@@ -68,16 +68,18 @@ TEST(FwdGpu, LongSequencesAgainstCpu) {
 TEST(FwdGpu, LongSequencesAgainstOracle) {
   FA3_REQUIRE_GPU();
   for (fa3_dtype t : {FA3_DTYPE_BF16, FA3_DTYPE_FP16})
-    for (bool causal : {false, true}) {
-      FwdCase c;
-      c.dtype = t;
-      c.causal = causal;
-      c.seqlen_q = c.seqlen_k = 8192;
-      c.batch = 2;
-      c.heads_q = 16;
-      c.heads_kv = 2;
-      run_fwd_case(c, true, true);
-    }
+    for (int dim : {96, 128})
+      for (bool causal : {false, true}) {
+        FwdCase c;
+        c.dtype = t;
+        c.head_dim = dim;
+        c.causal = causal;
+        c.seqlen_q = c.seqlen_k = 8192;
+        c.batch = 2;
+        c.heads_q = 16;
+        c.heads_kv = 2;
+        run_fwd_case(c, true, true);
+      }
 }
 
 TEST(FwdGpu, UnequalLengthsGqaMqa) {
@@ -120,6 +122,15 @@ TEST(FwdGpu, SlidingWindowsAndOddHeadDims) {
     c.seqlen_k = 900;
     c.window_left = wl;
     c.window_right = wr;
+    run_fwd_case(c);
+  }
+  for (int dim : {96, 128}) {  // the 192-row tiles of longer key sequences (d128: masked from 8k keys)
+    FwdCase c;
+    c.head_dim = dim;
+    c.seqlen_q = 2100;
+    c.seqlen_k = dim == 96 ? 2600 : 8300;
+    c.window_left = 300;
+    c.window_right = 40;
     run_fwd_case(c);
   }
   for (int dim : {8, 40, 80, 112, 160, 248}) {  // padded up to the next kernel head dim by TMA zero fill

@@ -46,13 +46,14 @@ struct WithPolyExp : Cfg {
 template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
 
-// d128: 192 query rows (three consumer warpgroups) for longer key sequences; d64: 128 query rows
-// for short causal/local ones; d256: a 64-key block for short key sequences. has_alt_tile: which
-// (head dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates those).
+// d96 and d128: 192 query rows (three consumer warpgroups) for longer key sequences; d64: 128 query
+// rows for short causal/local ones; d256: a 64-key block for short key sequences. has_alt_tile:
+// which (head dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates those).
 constexpr bool has_alt_tile(int head_dim, bool masked) {
-  return head_dim == 128 || head_dim == 256 || (head_dim == 64 && masked);
+  return head_dim == 96 || head_dim == 128 || head_dim == 256 || (head_dim == 64 && masked);
 }
 inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
+  if (head_dim == 96) return seqlen_k >= 2048;
   if (head_dim == 128) return seqlen_k >= (masked ? 8192 : 2048);
   if (head_dim == 64) return masked && seqlen_q < 2048;
   if (head_dim == 256) return seqlen_k < 4096;
@@ -71,6 +72,10 @@ struct FwdConfig<64, true>
     : TileConfig<64, 128, 128, 2, false, (kFullSchedule & ~kExpUnderPv & ~kNarrowFirst) | kCrossTile> {};
 template <>
 struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
+// Three consumer warpgroups at 160 registers (O 48 + S 56 + P 28; 128 keys spill): +11-15% from 2k
+// keys, +7-18% causal; 6-13% slower at 1k (perf-log step 34).
+template <>
+struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false> {};
 // d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking
 // turns only delays the GEMMs (2-5% slower at 2k-16k, perf-log step 8).
 template <>
