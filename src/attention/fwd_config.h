@@ -83,7 +83,7 @@ struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kFullSchedule
 // Longer key sequences at d128: a third consumer warpgroup keeps the tensor pipe fed while two
 // others run their softmax (ncu: 82% busy with two). Three consumers get 160 registers each
 // (O 64 + S 40 + P 20 with 80-key blocks; 96 keys spill): +4-6% over 128x128 at 2k-16k and over
-// the 128x176 tile it replaced at 8k-16k (perf-log step 32); 128x128 stays ahead at 1k and on
+// the 128x176 tile it replaced at 8k-16k (perf-log step 33); 128x128 stays ahead at 1k and on
 // causal problems below 8k, where 192-row tiles waste more of the diagonal.
 template <>
 struct FwdConfig<128, true> : TileConfig<128, 192, 80, 2, false, kFullSchedule & ~kPingpong> {};
