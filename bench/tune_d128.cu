@@ -1,6 +1,6 @@
 #include "bench/tune_tile.cuh"
 
-// Candidates of perf-log step 32: the 192-row product tile with pingpong and without the
+// Candidates of perf-log step 33: the 192-row product tile with pingpong and without the
 // exponentials under the PV GEMM, and with 3 K/V stages (one Q buffer then); the 128-row tile
 // without lazy rescale (step 27).
 namespace fa3::bench {
