@@ -28,17 +28,11 @@ struct TileConfig {
   static constexpr int kHeadDim = kD, kBlockM = kM, kBlockN = kN, kStages = kS;
   static constexpr bool kOInKV = kOInKV_;
   static constexpr int kSchedule = kSched;
-  static constexpr int kPolyPeriod = 0;  // OnlineSoftmax: exponentials on the FMA pipe (0: none)
 };
 // A tile with other schedule flags (the benchmark's ablation).
 template <class Cfg, int kSched>
 struct WithSchedule : Cfg {
   static constexpr int kSchedule = kSched;
-};
-// A tile that computes one in kPeriod groups of exponentials on the FMA pipe.
-template <class Cfg, int kPeriod>
-struct WithPolyExp : Cfg {
-  static constexpr int kPolyPeriod = kPeriod;
 };
 
 // The product's tiles. kAlt selects a head dim's second tile, for the problems use_alt_tile()

@@ -35,7 +35,7 @@ struct MainloopMma {
   static constexpr bool kExpUnderPv = (kSched & Schedule::kExpUnderPv) != 0;
   static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
   static_assert(!Cfg::kOInKV || (kUseOverlap && !kCrossTile), "O in K/V stages: the overlap schedule's tile ends only");
-  using Softmax = OnlineSoftmax<kN, kLazyRescale, Cfg::kPolyPeriod>;
+  using Softmax = OnlineSoftmax<kN, kLazyRescale>;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
   const FwdKernelParams& p;
@@ -76,12 +76,15 @@ struct MainloopMma {
   static constexpr bool kCanHalve = kHalfN < kN;
   int pv_width = kFull;  // of the block whose PV goes out next
 
+  // The first query row of this warpgroup's 64 in m-block m_block.
+  __device__ __forceinline__ int wg_row0(int m_block) const { return m_block * kM + consumer * 64; }
+
   __device__ __forceinline__ int first_block_width(int n, int m_block) const {
     if constexpr (!kNarrowFirst) return kFull;
     int end = p.seqlen_k;  // one past this warpgroup's last visible key
     if constexpr (kMasked) {
       if (p.window_right >= 0) {
-        const int last_row = min(m_block * kM + consumer * 64 + 63, p.seqlen_q - 1);
+        const int last_row = min(wg_row0(m_block) + 63, p.seqlen_q - 1);
         end = min(end, last_row + p.seqlen_k - p.seqlen_q + p.window_right + 1);
       }
     }
@@ -169,7 +172,7 @@ struct MainloopMma {
 
   static constexpr bool kRelativeMask = kN >= 128;  // mask.cuh
   __device__ __forceinline__ int row0_of_thread(int m_block) const {
-    return m_block * kM + consumer * 64 + (thread / 32) * 16 + (thread % 32) / 4;
+    return wg_row0(m_block) + (thread / 32) * 16 + (thread % 32) / 4;
   }
   __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block) const {
     if (block_needs_mask<kM, kN, kMasked>(n, m_block, p))
@@ -311,7 +314,7 @@ struct MainloopMma {
   // in a tile of its own (no shared barrier in the epilogue) only.
   static constexpr bool kCanIdle = kUseOverlap && !kCrossTile && !Cfg::kOInKV;
   __device__ __forceinline__ bool rows_past_end(int m_block) const {
-    return kCanIdle && m_block * kM + consumer * 64 >= p.seqlen_q;
+    return kCanIdle && wg_row0(m_block) >= p.seqlen_q;
   }
   __device__ void run_idle(const BlockRange& r) {
     for (int n = r.n_max - 1; n >= r.n_min; --n) skip_block();

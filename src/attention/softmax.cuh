@@ -13,11 +13,7 @@ namespace fa3::attn {
 // kLazy: keep a stale running max until a block's max exceeds it by more than 2^8 (FlashAttention-4's
 // conditional rescaling). Exponentials then reach at most 256 (harmless in fp32 and for bf16/fp16 P),
 // the final 1/sum makes the result exact, and most blocks need no O rescale at all.
-// kPolyPeriod > 0: one in kPolyPeriod groups of four exponentials runs on the FMA pipe
-// (hopper::exp2_poly) instead of the MUFU (FlashAttention-4's split). Measured slower on every d64
-// and d128 tile (perf-log step 31: the consumers are short of issue slots, not of MUFU throughput);
-// kept for the FP8 path, whose GEMMs run twice as fast per exponential.
-template <int kBlockN, bool kLazy = false, int kPolyPeriod = 0>
+template <int kBlockN, bool kLazy = false>
 struct OnlineSoftmax {
   static constexpr float kLazyThreshold = 8.f;  // log2 of the largest tolerated exponential
   static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
@@ -73,12 +69,10 @@ struct OnlineSoftmax {
     const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
-      const bool poly = kPolyPeriod > 0 && j % (kPolyPeriod > 0 ? kPolyPeriod : 1) == kPolyPeriod - 1;
-      auto exp2 = [poly](float x) { return poly ? hopper::exp2_poly(x) : hopper::exp2_approx(x); };
-      s[4 * j + 0] = exp2(fmaf(s[4 * j + 0], scale_log2, -sub0));
-      s[4 * j + 1] = exp2(fmaf(s[4 * j + 1], scale_log2, -sub0));
-      s[4 * j + 2] = exp2(fmaf(s[4 * j + 2], scale_log2, -sub1));
-      s[4 * j + 3] = exp2(fmaf(s[4 * j + 3], scale_log2, -sub1));
+      s[4 * j + 0] = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
+      s[4 * j + 1] = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
+      s[4 * j + 2] = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
+      s[4 * j + 3] = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
       row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
       row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
     }

@@ -91,7 +91,10 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // p(0) = 1 exactly, max error 8.6e-5; P is rounded to 16 bits, 2^-9, afterwards), j added to its
 // exponent field. x is clamped to -127 first: -inf (masked scores) then gives f = 0, p = 1.0 and
 // exponent 0, i.e. exactly +0. Valid for x <= 127 (the softmax passes x <= 8). Eight instructions,
-// none on the MUFU. Host and device agree bit for bit (tests/test_reference.cpp checks the host).
+// none on the MUFU. Host and device agree bit for bit (tests/test_hopper_prims.cu, HopperMath.*).
+// Not in the BF16 softmax: a share of its exponentials here measured 2-10% slower on every d64/d128
+// tile (perf-log step 31: those consumers are short of issue slots, not of MUFU throughput); meant
+// for the FP8 path, whose GEMMs run twice as fast per exponential.
 struct Exp2Poly {
   static constexpr float kC1 = 0.69511682f, kC2 = 0.22764485f, kC3 = 0.07706717f;
   static constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: x + kMagic rounds x to an integer
