@@ -73,6 +73,7 @@ std::string FwdCase::name() const {
   if (layout == Layout::kBHSD) s << " bhsd";
   if (!varlen_q.empty()) s << " varlen";
   if (page_size) s << " paged" << page_size;
+  if (key_growth > 0) s << " key-growth" << key_growth;
   return s.str();
 }
 
@@ -209,6 +210,15 @@ FwdData make_fwd_data(const FwdCase& c) {
     const auto vals = random_values(img->size() / eb, c.dtype);
     for (size_t i = 0; i < vals.size(); ++i) store_elem(img->data() + i * eb, c.dtype, vals[i]);
   }
+  if (c.key_growth > 0 && c.dtype != FA3_DTYPE_E4M3)
+    for (int b = 0; b < c.batch; ++b)
+      for (int j = 0; j < p.seqlen_k[b]; ++j)
+        for (int h = 0; h < c.heads_kv; ++h)
+          for (int x = 0; x < dqk; ++x) {
+            uint8_t* e = hk.data() + k_index(b, j, h, x, ks) * eb;
+            const float f = 1.f + c.key_growth * float(p.seqlen_k[b] - 1 - j) / float(p.seqlen_k[b]);
+            store_elem(e, c.dtype, load_elem(e, c.dtype) * f);
+          }
   auto value = [&](const std::vector<uint8_t>& img, int64_t idx, float scale) {
     if (c.dtype == FA3_DTYPE_E4M3) return ref::from_e4m3_bits(img[idx]) * scale;
     return load_elem(img.data() + idx * eb, c.dtype);

@@ -57,6 +57,9 @@ struct FwdCase {
   Layout layout = Layout::kBSHD;
   std::vector<int> varlen_q, varlen_k;  // per-batch lengths; empty = fixed lengths
   int page_size = 0;                    // > 0: paged K/V cache with shuffled pages
+  // > 0: key j's row scaled by 1 + key_growth * (seqlen_k - 1 - j) / seqlen_k, so that the kernels'
+  // row maxima grow block after block (they walk the keys from the last): running-max rescales.
+  float key_growth = 0.f;
   std::string name() const;
 };
 

@@ -82,6 +82,23 @@ TEST(FwdGpu, LongSequencesAgainstOracle) {
       }
 }
 
+// Scores that grow block after block in the kernels' key order (last block first): every new
+// block raises the row max far beyond the lazy rescale's 2^8, so O and the sums are rescaled,
+// and the short causal d64 tile's stale-max exponentials fail their bound and take the full step.
+TEST(FwdGpu, GrowingRowMaxima) {
+  FA3_REQUIRE_GPU();
+  for (int dim : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (int s : {1000, 2100}) {
+        FwdCase c;
+        c.head_dim = dim;
+        c.causal = causal;
+        c.seqlen_q = c.seqlen_k = s;
+        c.key_growth = 32.f;  // the row max grows by ~2^15 per 128-key block at key 0
+        run_fwd_case(c);
+      }
+}
+
 TEST(FwdGpu, UnequalLengthsGqaMqa) {
   FA3_REQUIRE_GPU();
   for (auto [sq, sk] : {std::pair{17, 1000}, std::pair{1000, 17}, std::pair{128, 4097}, std::pair{1, 300}, std::pair{300, 9000}})
@@ -116,14 +133,16 @@ TEST(FwdGpu, NonContiguousLayouts) {
 
 TEST(FwdGpu, SlidingWindowsAndOddHeadDims) {
   FA3_REQUIRE_GPU();
-  for (auto [wl, wr] : {std::pair{100, 0}, std::pair{0, 0}, std::pair{64, 64}, std::pair{-1, 50}, std::pair{300, -1}}) {
-    FwdCase c;
-    c.seqlen_q = 700;
-    c.seqlen_k = 900;
-    c.window_left = wl;
-    c.window_right = wr;
-    run_fwd_case(c);
-  }
+  for (int dim : {64, 128})  // d64: the short-sequence stream tile; d128: the 128x128 tile
+    for (auto [wl, wr] : {std::pair{100, 0}, std::pair{0, 0}, std::pair{64, 64}, std::pair{-1, 50}, std::pair{300, -1}}) {
+      FwdCase c;
+      c.head_dim = dim;
+      c.seqlen_q = 700;
+      c.seqlen_k = 900;
+      c.window_left = wl;
+      c.window_right = wr;
+      run_fwd_case(c);
+    }
   for (int dim : {96, 128}) {  // the 192-row tiles of longer key sequences (d128: masked from 8k keys)
     FwdCase c;
     c.head_dim = dim;

@@ -56,20 +56,26 @@ inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) 
 
 // d64 is softmax-bound (256 MMA FLOPs per exponential): a third consumer warpgroup adds softmax
 // throughput, but 192-row tiles waste more of the diagonal on short causal sequences.
+// d64 and d96 (all tiles): the exponentials wait for the PV (no kExpUnderPv), then go straight into
+// P against the running max, the row max only where they could pass 2^8 (MainloopMma::kStaleMax):
+// d64 +12-15% and d96 +10-16% from 4k keys, causal and not, +3-9% at 1k (perf-log step 45).
+constexpr int kSoftmaxBoundSchedule = kFullSchedule & ~kExpUnderPv;
 template <>
-struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false> {};
+struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule> {};
 // The short causal tile also streams its tiles (kCrossTile): +6% at causal 512, +2% at 1k; the
 // other tiles measured 2-10% slower with it (perf-log step 13). Its exponentials wait for the PV
-// (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23); narrow first blocks cost it 5% (step 21).
+// (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23), and since P is free then, its middle
+// blocks skip the row max unless the exponentials could pass 2^8 (MainloopMma::kStaleMax): +5-6% at
+// causal 512-1k (step 44); narrow first blocks cost it 5% (step 21).
 template <>
 struct FwdConfig<64, true>
-    : TileConfig<64, 128, 128, 2, false, (kFullSchedule & ~kExpUnderPv & ~kNarrowFirst) | kCrossTile> {};
+    : TileConfig<64, 128, 128, 2, false, (kSoftmaxBoundSchedule & ~kNarrowFirst) | kCrossTile> {};
 template <>
-struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false> {};
+struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false, kSoftmaxBoundSchedule> {};
 // Three consumer warpgroups at 160 registers (O 48 + S 56 + P 28; 128 keys spill): +11-15% from 2k
 // keys, +7-18% causal; 6-13% slower at 1k (perf-log step 34).
 template <>
-struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false> {};
+struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false, kSoftmaxBoundSchedule> {};
 // d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking
 // turns only delays the GEMMs (2-5% slower at 2k-16k, perf-log step 8).
 template <>

@@ -36,6 +36,9 @@ struct MainloopMma {
   static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
   static_assert(!Cfg::kOInKV || (kUseOverlap && !kCrossTile), "O in K/V stages: the overlap schedule's tile ends only");
   using Softmax = OnlineSoftmax<kN, kLazyRescale>;
+  // Middle blocks without kExpUnderPv under the lazy rescale: exponentials against the running max
+  // first, the row max only where they could exceed 2^8 (OnlineSoftmax::exponentiate_stale).
+  static constexpr bool kStaleMax = kLazyRescale && !kExpUnderPv;
   static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
 
   const FwdKernelParams& p;
@@ -257,6 +260,16 @@ struct MainloopMma {
       hopper::fence_operand(s);
       release_or_keep(bars.k, k_st, kKeepK && n == r.n_min, k_last);
       if constexpr (kMasked) mask_if_needed(s, n, m_block);
+      if constexpr (kStaleMax) {
+        hopper::wgmma_wait<0>();  // P is free once the PV is done
+        hopper::fence_operand(o);
+        release(bars.v, v_st);
+        if (softmax.template exponentiate_stale<Mma>(s, pa)) continue;
+        if (softmax.update_max(s, corr)) rescale(o, corr);
+        softmax.exponentiate(s);
+        Softmax::template pack<Mma>(s, pa);
+        continue;
+      }
       const bool any_rescale = softmax.update_max(s, corr);
       if constexpr (kExpUnderPv) {
         softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P

@@ -16,6 +16,13 @@ namespace fa3::attn {
 // bound is skipped: +0.5-2% at d64/d128 causal 512-2k, where the softmax is bound by instruction
 // issue and diagonal blocks are up to 40% of all; the narrower d192/d256 blocks measured 1.5%
 // slower that way and compare global columns against both bounds (perf-log step 24).
+// Where every query row sees at least one key (FwdKernelParams::every_row_sees_a_key), that form
+// runs on the FMA pipe instead of the ALU pipe (ISETP + FSEL, two issue cycles each per warp on
+// sm_90): t = saturate(col - (hi - 1)) is 0 for a visible score and 1 for a hidden one, and
+// s - t * 2^100 leaves visible scores exact and hidden ones so low that exp2 gives 0 against any
+// visible row max. A row hidden in a whole block gets a finite max from it, and its exponentials
+// of 1 are wiped (correction exp2(-2^100 * scale) = 0) by the first block where the row sees a
+// key, which that condition guarantees; the exact -inf form keeps every other problem right.
 template <int kBlockN, bool kMasked, bool kRelative>
 __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, int col0, const FwdKernelParams& p) {
   const int origin = kRelative ? col0 : 0;  // columns and bounds are measured from here
@@ -35,6 +42,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, in
       const int h = (i >> 1) & 1, col = col0 - origin + hopper::acc_col(i);
       if (col < lo[h] || col >= hi[h]) s[i] = -INFINITY;
     }
+  } else if (!kMasked || p.every_row_sees_a_key) {
+    constexpr float kHidden = 1.2676506e30f;  // 2^100
+    const float last[2] = {float(hi[0] - 1), float(hi[1] - 1)};  // a row's last visible column
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i)
+      s[i] = fmaf(__saturatef(float(hopper::acc_col(i)) - last[(i >> 1) & 1]), -kHidden, s[i]);
   } else {
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i)

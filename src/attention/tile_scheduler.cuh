@@ -11,10 +11,10 @@
 //     heads at once balanced as well, but streamed every head's K/V through L2 for each wave of
 //     m_blocks: 64% L2 hits and 30% of DRAM bandwidth at d128 causal 8k, against 92% and 7% now,
 //     and 6-25% slower; docs/perf-log.md step 7.)
-//  2. The tail, longest first: the pairs of the last two rounds would leave CTAs idle (pairs do
-//     not divide the grid), and an odd M's middle tiles cost half a pair, so these tiles go in
-//     decreasing m order, snaking across waves (odd waves reversed), and the shortest tiles fill
-//     the gaps at the end.
+//  2. The tail, longest first: the pairs that do not fill a round (and mostly one round more,
+//     see pair_rounds()) would leave CTAs idle, and an odd M's middle tiles cost half a pair, so
+//     these tiles go in decreasing m order, snaking across waves (odd waves reversed), and the
+//     shortest tiles fill the gaps at the end.
 #pragma once
 #include "src/attention/fwd_params.h"
 
@@ -23,6 +23,20 @@ namespace fa3::attn {
 struct WorkTile {
   int m_block, head, batch;
 };
+
+// Part 1's rounds of pairs (set on the host as FwdKernelParams::pair_rounds). By default all full
+// rounds but one, so the tail has two rounds' tiles to balance with. With fewer than four full rounds
+// (d256's 128-row tiles on the 16k-token sweep: 3.9) that tail is half the walk, and the tail gives
+// up the head-by-head order: every head's K/V went through L2 once per wave of m-blocks (ncu, d256
+// causal 512: 257 MB read from DRAM where 201 MB are compulsory). Where the tiles are also short (at
+// most 32 m-blocks), so that the DRAM time shows, only the pairs that do not fill a round go to the
+// tail: d256 causal 512 +10%, 1k +6%, 2k-4k +0.5-1%; at 16k it cost 2.5% (balance), and with d128's
+// 7.8 rounds 2-9% (perf-log step 41).
+inline int pair_rounds(int num_bh, int m_blocks, int grid, int slack = -1) {
+  const int full = num_bh * (m_blocks / 2) / grid;
+  if (slack < 0) slack = full < 4 && m_blocks <= 32 ? 0 : 1;
+  return full > slack ? full - slack : 0;
+}
 
 // The tile of CTA `cta` (of `grid`) at its step-th step; false when the CTA has no more steps.
 __host__ __device__ inline bool tile_at_step(int step, int cta, int grid, const FwdKernelParams& p, WorkTile& w) {
@@ -36,9 +50,8 @@ __host__ __device__ inline bool tile_at_step(int step, int cta, int grid, const 
     if (t >= p.num_tiles) return false;
     return set(t / m_blocks, t % m_blocks);
   }
-  // 1. Pairs (i, M-1-i), i < slots, of each head in turn.
-  const int slots = m_blocks / 2, pairs = num_bh * slots;
-  const int rounds = pairs / grid > 1 ? pairs / grid - 1 : 0;
+  // 1. Pairs (i, M-1-i), i < slots, of each head in turn, for p.pair_rounds rounds (pair_rounds()).
+  const int slots = m_blocks / 2, rounds = p.pair_rounds;
   if (step < 2 * rounds) {
     const int pair = (step / 2) * grid + cta, bh = pair / slots, i = pair % slots;
     return set(bh, step % 2 == 0 ? m_blocks - 1 - i : i);
