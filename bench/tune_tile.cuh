@@ -17,7 +17,8 @@ void add_variant(std::vector<TuneVariant>& v) {
   std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOInKV ? " O@KV" : "") +
                      (Cfg::kStages != 2 ? " st" + std::to_string(Cfg::kStages) : "") +
                      ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
-                     ((kSched & attn::kExpUnderPv) ? " xpv" : "") + ((kSched & attn::kCrossTile) ? " xtile" : "") + ((kSched & attn::kNarrowFirst) ? " narrow" : "");
+                     ((kSched & attn::kExpUnderPv) ? " xpv" : "") + ((kSched & attn::kCrossTile) ? " xtile" : "") +
+                     ((kSched & attn::kNarrowFirst) ? " narrow" : "");
   v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, false>});
   v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, true>});
 }

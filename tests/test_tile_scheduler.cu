@@ -24,7 +24,8 @@ Walk walk(int m_blocks, int batch, int heads, int grid, bool lpt, int slack = -1
   p.num_m_blocks = m_blocks;
   p.num_tiles = m_blocks * heads * batch;
   p.lpt_order = lpt;
-  p.pair_rounds = pair_rounds(batch * heads, m_blocks, grid, slack);
+  const int num_bh = batch * heads;  // slack < 0: the product's rule
+  p.pair_rounds = pair_rounds(num_bh, m_blocks, grid, slack < 0 ? pair_slack(num_bh, m_blocks, grid) : slack);
   Walk r{std::vector<int>(p.num_tiles, 0), std::vector<double>(grid, 0.0)};
   for (int cta = 0; cta < grid; ++cta) {
     WorkTile w;

@@ -74,7 +74,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.num_m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
   p.lpt_order = kMasked;
-  p.every_row_sees_a_key = f.window_left < 0 && a.seqlen_q <= a.seqlen_k;
+  p.every_row_sees_a_key = !kMasked || (f.window_left < 0 && a.seqlen_q <= a.seqlen_k);
 
   auto kernel = fwd_kernel<Elem, Cfg, kMasked>;
   constexpr int kSmem = FwdSmem<Cfg>::kBytes;
@@ -82,7 +82,8 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   int sms = 0;
   FA3_TRY(sm_count(&sms));
   const int grid = std::min(p.num_tiles, sms);
-  p.pair_rounds = pair_rounds(a.batch * a.heads_q, p.num_m_blocks, grid);
+  const int num_bh = a.batch * a.heads_q;
+  p.pair_rounds = pair_rounds(num_bh, p.num_m_blocks, grid, pair_slack(num_bh, p.num_m_blocks, grid));
   kernel<<<grid, FwdLaunchShape<Cfg>::kThreads, kSmem, stream>>>(p);
   FA3_CUDA_TRY(cudaGetLastError());
   return Status();

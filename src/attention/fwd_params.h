@@ -18,7 +18,7 @@ struct FwdKernelParams {
   float scale_log2;                // softmax scale * log2(e): scores go straight into exp2
   int window_left, window_right;   // -1 = unbounded; causal is window_right = 0
   int num_m_blocks, num_tiles;
-  // No left window edge and seqlen_q <= seqlen_k: every query row sees key 0 (causal is
+  // No mask, or no left window edge and seqlen_q <= seqlen_k: every query row sees key 0 (causal is
   // bottom-right aligned), so the mask may hide scores with a finite value (mask.cuh).
   bool every_row_sees_a_key;
   int pair_rounds;                 // masked problems: rounds of pairs before the tail (tile_scheduler.cuh)

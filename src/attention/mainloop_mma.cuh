@@ -260,25 +260,24 @@ struct MainloopMma {
       hopper::fence_operand(s);
       release_or_keep(bars.k, k_st, kKeepK && n == r.n_min, k_last);
       if constexpr (kMasked) mask_if_needed(s, n, m_block);
+      bool any_rescale;
       if constexpr (kStaleMax) {
         hopper::wgmma_wait<0>();  // P is free once the PV is done
         hopper::fence_operand(o);
         release(bars.v, v_st);
         if (softmax.template exponentiate_stale<Mma>(s, pa)) continue;
-        if (softmax.update_max(s, corr)) rescale(o, corr);
-        softmax.exponentiate(s);
-        Softmax::template pack<Mma>(s, pa);
-        continue;
+        any_rescale = softmax.update_max(s, corr);  // refused: the full step on S
+      } else {
+        any_rescale = softmax.update_max(s, corr);
+        if constexpr (kExpUnderPv) {
+          softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
+          // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
+          hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
+        }
+        hopper::wgmma_wait<0>();
+        hopper::fence_operand(o);
+        release(bars.v, v_st);
       }
-      const bool any_rescale = softmax.update_max(s, corr);
-      if constexpr (kExpUnderPv) {
-        softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
-        // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
-        hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
-      }
-      hopper::wgmma_wait<0>();
-      hopper::fence_operand(o);
-      release(bars.v, v_st);
       if (any_rescale) rescale(o, corr);
       if constexpr (!kExpUnderPv) softmax.exponentiate(s);
       Softmax::template pack<Mma>(s, pa);

@@ -16,6 +16,7 @@ namespace fa3::attn {
 template <int kBlockN, bool kLazy = false>
 struct OnlineSoftmax {
   static constexpr float kLazyThreshold = 8.f;  // log2 of the largest tolerated exponential
+  static constexpr float kLazyBound = 256.f;     // 2^kLazyThreshold
   static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
   float row_max[2];  // max(S) * scale_log2 so far, -inf before any visible key
   float row_sum[2];  // this thread's share of sum(exp2(S * scale_log2 - row_max))
@@ -60,6 +61,11 @@ struct OnlineSoftmax {
     return __any_sync(0xffffffff, correction[0] != 1.f || correction[1] != 1.f);
   }
 
+  // exp2(score * scale_log2 - max): the scale folded into one FFMA before the MUFU.
+  __device__ __forceinline__ float exp_scaled(float score, float max) const {
+    return hopper::exp2_approx(fmaf(score, scale_log2, -max));
+  }
+
   // S := exp2(S * scale_log2 - row_max) in place (P in fp32), and adds the row sums.  P is packed to
   // 16 bits by pack() separately: the mainloop computes the exponentials while the previous PV
   // GEMM still reads the packed P registers.
@@ -69,10 +75,10 @@ struct OnlineSoftmax {
     const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
-      s[4 * j + 0] = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
-      s[4 * j + 1] = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
-      s[4 * j + 2] = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
-      s[4 * j + 3] = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
+      s[4 * j + 0] = exp_scaled(s[4 * j + 0], sub0);
+      s[4 * j + 1] = exp_scaled(s[4 * j + 1], sub0);
+      s[4 * j + 2] = exp_scaled(s[4 * j + 2], sub1);
+      s[4 * j + 3] = exp_scaled(s[4 * j + 3], sub1);
       row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
       row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
     }
@@ -93,17 +99,14 @@ struct OnlineSoftmax {
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      const float e0 = hopper::exp2_approx(fmaf(s[4 * j + 0], scale_log2, -sub0));
-      const float e1 = hopper::exp2_approx(fmaf(s[4 * j + 1], scale_log2, -sub0));
-      const float e2 = hopper::exp2_approx(fmaf(s[4 * j + 2], scale_log2, -sub1));
-      const float e3 = hopper::exp2_approx(fmaf(s[4 * j + 3], scale_log2, -sub1));
+      const float e0 = exp_scaled(s[4 * j + 0], sub0), e1 = exp_scaled(s[4 * j + 1], sub0);
+      const float e2 = exp_scaled(s[4 * j + 2], sub1), e3 = exp_scaled(s[4 * j + 3], sub1);
       sum0 += e0 + e1;
       sum1 += e2 + e3;
       p[j >> 1][2 * (j & 1) + 0] = Pack::pack(e0, e1);
       p[j >> 1][2 * (j & 1) + 1] = Pack::pack(e2, e3);
     }
-    constexpr float kBound = 256.f;  // 2^kLazyThreshold
-    const bool ok = sum0 <= kBound && sum1 <= kBound && sub0 != -INFINITY && sub1 != -INFINITY;
+    const bool ok = sum0 <= kLazyBound && sum1 <= kLazyBound && sub0 != -INFINITY && sub1 != -INFINITY;
     if (!__all_sync(0xffffffff, ok)) return false;
     row_sum[0] += sum0;
     row_sum[1] += sum1;

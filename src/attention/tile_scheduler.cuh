@@ -32,9 +32,13 @@ struct WorkTile {
 // most 32 m-blocks), so that the DRAM time shows, only the pairs that do not fill a round go to the
 // tail: d256 causal 512 +10%, 1k +6%, 2k-4k +0.5-1%; at 16k it cost 2.5% (balance), and with d128's
 // 7.8 rounds 2-9% (perf-log step 41).
-inline int pair_rounds(int num_bh, int m_blocks, int grid, int slack = -1) {
-  const int full = num_bh * (m_blocks / 2) / grid;
-  if (slack < 0) slack = full < 4 && m_blocks <= 32 ? 0 : 1;
+// pair_slack(): the rounds kept out of part 1 by that rule; pair_rounds(): part 1's rounds for a slack.
+inline int full_pair_rounds(int num_bh, int m_blocks, int grid) { return num_bh * (m_blocks / 2) / grid; }
+inline int pair_slack(int num_bh, int m_blocks, int grid) {
+  return full_pair_rounds(num_bh, m_blocks, grid) < 4 && m_blocks <= 32 ? 0 : 1;
+}
+inline int pair_rounds(int num_bh, int m_blocks, int grid, int slack) {
+  const int full = full_pair_rounds(num_bh, m_blocks, grid);
   return full > slack ? full - slack : 0;
 }
 
