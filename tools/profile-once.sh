@@ -2,7 +2,8 @@
 # Device-side profiling of the forward kernel on a few shapes: per-instruction stall samples and
 # a few whole-kernel metrics (tensor pipe, issue, per-SM active-cycle spread), summaries last.
 #   run(command="FA3_BUILD=build/carry tools/profile-once.sh", carry=["build/carry"])  (tools/pack-build.sh)
-# Environment: SHAPES ("hdim:seqlen:causal ..."), OUT, QUICK=1 (metrics only, no stall samples).
+# Environment: SHAPES ("hdim:seqlen:causal ..."), OUT, QUICK=1 (metrics only, no stall samples),
+# KEEP_SRC=1 (keep the per-instruction CSVs, e.g. to sum samples over address ranges).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; B=${FA3_BUILD:-build/release}; mkdir -p "$OUT"
@@ -29,5 +30,6 @@ for i, name in enumerate(h):
         print(f"{name} = {v[i]}")
 PY
 done
-rm -f "$OUT"/*.ncu-rep "$OUT"/*.raw.csv "$OUT"/*.src.csv "$OUT"/*.log
+rm -f "$OUT"/*.ncu-rep "$OUT"/*.raw.csv "$OUT"/*.log
+[ "${KEEP_SRC:-0}" = 1 ] || rm -f "$OUT"/*.src.csv
 for f in "$OUT"/*.metrics.txt; do echo "=== $f"; grep -E "time_duration|sm__cycles_active.(min|avg|max)|hmma_cycles_active.avg.pct|hit_rate|dram__throughput.avg|sm__cycles_elapsed.avg.per_second|lts__throughput|lts__t_bytes|xbar2l1tex" "$f"; done

@@ -29,16 +29,15 @@ __device__ __forceinline__ BlockRange block_range(int m_block, const FwdKernelPa
   return {n_min, n_max};
 }
 
-// The CTA's next tile with at least one visible key, from its step `step` on (advanced past it);
-// `on_empty` sees the tiles skipped on the way (the consumers write their zeros, the producer
-// loads nothing for them). False when the CTA has no more tiles.
-template <int kBlockM, int kBlockN, class OnEmpty>
-__device__ __forceinline__ bool next_visible_tile(int& step, const FwdKernelParams& p, WorkTile& w, BlockRange& r,
-                                                  OnEmpty&& on_empty) {
+// The CTA's next tile with at least one visible key, from its step `step` on (advanced past it, so
+// the tile's own step is step - 1). The producer walks the tiles and passes them on to the consumers
+// (FwdSmem::TileNote); those it skips here, the consumers fill with zeros. False when the CTA has no
+// more tiles (step - 1 is then the walk's length).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool next_visible_tile(int& step, const FwdKernelParams& p, WorkTile& w, BlockRange& r) {
   while (tile_at_step(step++, blockIdx.x, gridDim.x, p, w)) {
     r = block_range<kBlockM, kBlockN>(w.m_block, p);
     if (!r.empty()) return true;
-    on_empty(w);
   }
   return false;
 }

@@ -1,4 +1,5 @@
-// A consumer warpgroup's walk over its CTA's tiles: Q in, mainloop, epilogue, Q out. Two flows:
+// A consumer warpgroup's work on its CTA's tiles, as the producer's notes give them: Q in, mainloop,
+// epilogue, Q out. Two flows:
 //  - per tile: each tile starts with its own QK^T and ends with its own epilogue; O is staged in a
 //    tile of its own or (kOInKV) in the last key block's K and V stages;
 //  - stream (kCrossTile): the tiles of the CTA form one stream of key blocks, a tile's last PV and
@@ -40,25 +41,27 @@ struct FwdConsumer {
     if (thread == 0) smem.bars().q.consumer_release(q_st);
   }
 
-  // The CTA's next tile with at least one visible key; those without any get their zeros here.
-  __device__ __forceinline__ bool next_tile(int& step, WorkTile& w, BlockRange& r) const {
-    return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, p, w, r,
-                                                         [&](const WorkTile& t) { epilogue.store_zero(t); });
+  // The next tile from the producer's note in the next Q stage (waits for it; fwd_smem.cuh). Tiles the
+  // producer skipped on the way (no visible key) get their zeros here: the walk (tile_at_step) runs
+  // in the consumers only then. `done`: the steps of the walk handled so far. False at the end.
+  __device__ __forceinline__ bool next_tile(int& done, WorkTile& w, BlockRange& r) {
+    smem.bars().q.consumer_wait(q_st);
+    const auto note = smem.bars().note[q_st.index];
+    for (; done < note.step; ++done) {
+      WorkTile empty;
+      tile_at_step(done, blockIdx.x, gridDim.x, p, empty);
+      epilogue.store_zero(empty);
+    }
+    ++done;
+    w = {note.m_block, note.head, note.batch};
+    r = {note.n_min, note.n_max};
+    return note.m_block >= 0;
   }
 
   __device__ __forceinline__ void run_per_tile() {
-    auto& bars = smem.bars();
-    // The same walk as next_tile(), written out: with one tile_at_step() call site the kernels
-    // come out 100-200 instructions shorter.
     WorkTile w;
     BlockRange r;
-    for (int step = 0; tile_at_step(step, blockIdx.x, gridDim.x, p, w); ++step) {
-      r = block_range<Cfg::kBlockM, Cfg::kBlockN>(w.m_block, p);
-      if (r.empty()) {
-        epilogue.store_zero(w);
-        continue;
-      }
-      bars.q.consumer_wait(q_st);
+    for (int done = 0; next_tile(done, w, r);) {
       if (mainloop.rows_past_end(w.m_block)) {  // nothing to compute or store (rows past seqlen_q)
         mainloop.run_idle(r);
         release_q();
@@ -84,15 +87,13 @@ struct FwdConsumer {
 
   // One stream of key blocks across this CTA's tiles (the next tile's Q is in the second buffer).
   __device__ __forceinline__ void run_stream() {
-    auto& bars = smem.bars();
-    int step = 0;
+    int done = 0;
     WorkTile w;
     BlockRange r;
-    if (!next_tile(step, w, r)) return;
+    if (!next_tile(done, w, r)) return;
     float o[Cfg::kHeadDim / 2], s[Cfg::kBlockN / 2];
     uint32_t pa[Cfg::kBlockN / 16][4];
     Softmax softmax(p.scale_log2);
-    bars.q.consumer_wait(q_st);
     mainloop.begin_tile(w.m_block, r, q_st.index, o, s, pa, softmax);
     for (;;) {
       mainloop.middle_blocks(w.m_block, r, q_st.index, o, s, pa, softmax);
@@ -100,12 +101,11 @@ struct FwdConsumer {
       q_st.advance();
       WorkTile w_next;
       BlockRange r_next;
-      if (!next_tile(step, w_next, r_next)) {
+      if (!next_tile(done, w_next, r_next)) {
         mainloop.end_tile(o, pa);
         epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
         return;
       }
-      bars.q.consumer_wait(q_st);
       mainloop.end_tile_start_next(q_st.index, o, s, pa);
       epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);  // under the next tile's first QK^T
       softmax = Softmax(p.scale_log2);

@@ -37,9 +37,19 @@ struct FwdSmem {
   static constexpr bool kOHalf = Cfg::kOInKV && kOffO + kOHalfBytes + 256 + 1024 <= 227 * 1024;
   static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? (kOHalf ? kOHalfBytes : 0) : kQBytes);
 
+  // The producer's note on the tile whose Q a stage holds, written before the stage's arrival
+  // (release) and read by the consumers after their wait on it (acquire): the consumers never run
+  // the tile walk themselves (tile_scheduler.cuh; its integer divisions were 7% of their
+  // instructions at d64 causal 512, perf-log step 48). m_block < 0: the walk ended (no Q loaded).
+  // step: the tile's place in this CTA's walk; the steps skipped since the previous note are tiles
+  // without any visible key, which the consumers fill with zeros.
+  struct TileNote {
+    int m_block, head, batch, n_min, n_max, step;
+  };
   struct Barriers {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;
+    TileNote note[kQStages];
   };
   // Dynamic smem to request: the layout plus slack to round the base up to 1024 bytes.
   static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;

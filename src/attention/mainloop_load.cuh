@@ -1,6 +1,7 @@
-// The producer warp: for every tile of this CTA, TMA-loads Q once and streams K/V blocks through
-// the stage rings, in the order the consumers use them (K of block n-1 before V of block n, since
-// the consumers' QK^T runs one block ahead of their PV).  One elected lane issues every copy.
+// The producer warp: walks this CTA's tiles (tile_scheduler.cuh) and, for each, TMA-loads Q once,
+// with a note that tells the consumers which tile it is (FwdSmem::TileNote), and streams K/V blocks
+// through the stage rings in the order the consumers use them (K of block n-1 before V of block n,
+// since the consumers' QK^T runs one block ahead of their PV).  One elected lane issues every copy.
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_smem.cuh"
@@ -50,14 +51,25 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_v);
     int step = 0;
     auto next_tile = [&](WorkTile& t, BlockRange& r) {
-      return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, p, t, r, [](const WorkTile&) {});
+      return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, p, t, r);
     };
     auto load_first_k = [&](const WorkTile& t, const BlockRange& r) {
       load_kv(&p.tma_k, bars.k, k_st, &Smem::k, r.n_max - 1, t.head / p.head_ratio, t.batch);
     };
-    auto load_q = [&](const WorkTile& t) {
-      load_stage(&p.tma_q, bars.q, q_st, &Smem::q, Smem::kQBytes, Smem::kQPanelBytes, t.m_block * Cfg::kBlockM, t.head,
-                 t.batch);
+    // Q with the tile's note (fwd_smem.cuh): its step is step - 1, next_tile() having moved past it.
+    auto load_q = [&](const WorkTile& t, const BlockRange& r) {
+      bars.q.producer_acquire(q_st);
+      bars.note[q_st.index] = {t.m_block, t.head, t.batch, r.n_min, r.n_max, step - 1};
+      hopper::mbarrier_arrive_expect_tx(&bars.q.full[q_st.index], Smem::kQBytes);
+      load_tile(&p.tma_q, smem.q(q_st.index), Smem::kQPanelBytes, t.m_block * Cfg::kBlockM, t.head, t.batch,
+                &bars.q.full[q_st.index]);
+      q_st.advance();
+    };
+    // After the last tile: a note without Q, whose step is the walk's length.
+    auto announce_end = [&] {
+      bars.q.producer_acquire(q_st);
+      bars.note[q_st.index] = {-1, 0, 0, 0, 0, step - 1};
+      hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
     };
     WorkTile w;
     BlockRange r;
@@ -65,7 +77,7 @@ struct MainloopLoad {
     if (more) {
       // The first K block does not depend on Q's buffer: start it before waiting for Q to drain.
       load_first_k(w, r);
-      load_q(w);
+      load_q(w, r);
     }
     while (more) {
       const int kv_head = w.head / p.head_ratio;
@@ -81,13 +93,14 @@ struct MainloopLoad {
       // after this tile's last QK^T, and the consumers need the last V first: that Q comes after it.
       if (more) {
         load_first_k(w_next, r_next);
-        if constexpr (Smem::kQStages == 2) load_q(w_next);
+        if constexpr (Smem::kQStages == 2) load_q(w_next, r_next);
       }
       load_kv(&p.tma_v, bars.v, v_st, &Smem::v, r.n_min, kv_head, w.batch);
-      if (more && Smem::kQStages == 1) load_q(w_next);
+      if (more && Smem::kQStages == 1) load_q(w_next, r_next);
       w = w_next;
       r = r_next;
     }
+    announce_end();
   }
 };
 

@@ -1,5 +1,7 @@
 // Persistent tile scheduler: a grid of (at most) one CTA per SM; CTA `cta` runs the tiles
 // (m_block, head, batch) that tile_at_step() gives for steps 0, 1, 2, ... until it returns false.
+// Only the producer warp walks them (its divisions stay off the consumers' issue slots); the
+// consumers learn each tile from its note in the Q stage (FwdSmem::TileNote).
 //
 // Unmasked problems: every tile costs the same; tiles go m_block-fastest with a stride of the
 // grid, so CTAs running at the same time share one head's K/V in L2.
