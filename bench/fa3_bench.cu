@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
   };
   if (o.ablation) {  // FlashAttention-3 Table 2 shape
     std::vector<Variant> vs;
-    constexpr int kProduct = fa3::attn::FwdConfig<128, true>::kSchedule;  // the tile that runs s = 8448
+    constexpr int kProduct = fa3::attn::FwdConfig<128, false>::kSchedule;  // the tile that runs s = 8448
     constexpr bool kHasPingpong = (kProduct & fa3::attn::kPingpong) != 0;
     const std::pair<int, const char*> scheds[] = {
         {kProduct, kHasPingpong ? "product (pingpong)" : "product (no pingpong)"},

@@ -36,10 +36,11 @@ struct FwdConsumer {
   }
 
  private:
-  // Q's buffer goes back to the producer once this warpgroup no longer reads it.
-  __device__ __forceinline__ void release_q() {
-    if (thread == 0) smem.bars().q.consumer_release(q_st);
-  }
+  // Q's buffer and its note go back to the producer once this warpgroup no longer reads them. Every
+  // thread arrives: an arrive releases only the arriving thread's own reads, and the producer
+  // rewrites the note (an arrive by thread 0 alone left the other threads' reads unordered before
+  // that write: compute-sanitizer racecheck).
+  __device__ __forceinline__ void release_q() { smem.bars().q.consumer_release(q_st); }
 
   // The next tile from the producer's note in the next Q stage (waits for it; fwd_smem.cuh). Tiles the
   // producer skipped on the way (no visible key) get their zeros here: the walk (tile_at_step) runs

@@ -40,15 +40,14 @@ struct WithSchedule : Cfg {
 template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
 
-// d96 and d128: 192 query rows (three consumer warpgroups) for longer key sequences; d64: 128 query
-// rows for short causal/local ones; d256: a 64-key block for short key sequences. has_alt_tile:
-// which (head dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates those).
+// d96: 192 query rows (three consumer warpgroups) for longer key sequences; d64: 128 query rows for
+// short causal/local ones; d256: a 64-key block for short key sequences. has_alt_tile: which (head
+// dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates those).
 constexpr bool has_alt_tile(int head_dim, bool masked) {
-  return head_dim == 96 || head_dim == 128 || head_dim == 256 || (head_dim == 64 && masked);
+  return head_dim == 96 || head_dim == 256 || (head_dim == 64 && masked);
 }
 inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
   if (head_dim == 96) return seqlen_k >= 2048;
-  if (head_dim == 128) return seqlen_k >= (masked ? 8192 : 2048);
   if (head_dim == 64) return masked && seqlen_q < 2048;
   if (head_dim == 256) return seqlen_k < 4096;
   return false;
@@ -60,33 +59,31 @@ inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) 
 // P against the running max, the row max only where they could pass 2^8 (MainloopMma::kStaleMax):
 // d64 +12-15% and d96 +10-16% from 4k keys, causal and not, +3-9% at 1k (perf-log step 45).
 constexpr int kSoftmaxBoundSchedule = kFullSchedule & ~kExpUnderPv;
+// The stream schedule: that softmax, and a persistent CTA's tiles as one stream of key blocks
+// (kCrossTile), without narrow first blocks.
+constexpr int kStreamSchedule = (kSoftmaxBoundSchedule & ~kNarrowFirst) | kCrossTile;
+// d64's 192-row tile streams its tiles too (narrow first blocks kept): +1-2% at 512-16k (step 52).
 template <>
-struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule> {};
-// The short causal tile also streams its tiles (kCrossTile): +6% at causal 512, +2% at 1k; the
-// other tiles measured 2-10% slower with it (perf-log step 13). Its exponentials wait for the PV
-// (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23), and since P is free then, its middle
-// blocks skip the row max unless the exponentials could pass 2^8 (MainloopMma::kStaleMax): +5-6% at
-// causal 512-1k (step 44); narrow first blocks cost it 5% (step 21).
+struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule | kCrossTile> {};
+// The short causal tile: streaming its tiles (kCrossTile) gave +6% at causal 512, +2% at 1k (perf-log
+// step 13; the tiles of that time, with the exponentials under the PV, ran 2-10% slower with it);
+// its exponentials wait for the PV (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23), and
+// since P is free then, its middle blocks skip the row max unless the exponentials could pass 2^8
+// (MainloopMma::kStaleMax): +5-6% at causal 512-1k (step 44); narrow first blocks cost it 5% (step 21).
 template <>
-struct FwdConfig<64, true>
-    : TileConfig<64, 128, 128, 2, false, (kSoftmaxBoundSchedule & ~kNarrowFirst) | kCrossTile> {};
+struct FwdConfig<64, true> : TileConfig<64, 128, 128, 2, false, kStreamSchedule> {};
+// d96's 128-row tile (keys < 2k) on the stream schedule: +3-6% at 512-1k, causal and not (step 52).
 template <>
-struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false, kSoftmaxBoundSchedule> {};
+struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false, kStreamSchedule> {};
 // Three consumer warpgroups at 160 registers (O 48 + S 56 + P 28; 128 keys spill): +11-15% from 2k
 // keys, +7-18% causal; 6-13% slower at 1k (perf-log step 34).
 template <>
 struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false, kSoftmaxBoundSchedule> {};
-// d128 runs without pingpong: once the exponentials overlap the PV GEMM (kExpUnderPv), taking
-// turns only delays the GEMMs (2-5% slower at 2k-16k, perf-log step 8).
+// d128, every length: the stream schedule (the stale max with pingpong, tiles as one stream) beat
+// both earlier tiles, 128x128 with the exponentials under the PV and without pingpong, and 192x80
+// (three consumers) from 2k keys: +3-10% non-causal, +6-11% causal from 1k (perf-log step 51).
 template <>
-struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kFullSchedule & ~kPingpong> {};
-// Longer key sequences at d128: a third consumer warpgroup keeps the tensor pipe fed while two
-// others run their softmax (ncu: 82% busy with two). Three consumers get 160 registers each
-// (O 64 + S 40 + P 20 with 80-key blocks; 96 keys spill): +4-6% over 128x128 at 2k-16k and over
-// the 128x176 tile it replaced at 8k-16k (perf-log step 33); 128x128 stays ahead at 1k and on
-// causal problems below 8k, where 192-row tiles waste more of the diagonal.
-template <>
-struct FwdConfig<128, true> : TileConfig<128, 192, 80, 2, false, kFullSchedule & ~kPingpong> {};
+struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kStreamSchedule> {};
 template <>
 struct FwdConfig<192, false> : TileConfig<192, 128, 112, 2, true> {};
 template <>

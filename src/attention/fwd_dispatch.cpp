@@ -60,7 +60,7 @@ Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream) 
   if (f.p->dtype != FA3_DTYPE_BF16 || attn::padded_head_dim(f.p->head_dim_qk) != 128 || f.has_mask() ||
       hopper_fwd_unsupported_reason(f) != nullptr)
     return not_supported("schedule ablation: only bf16, head dim 128, no mask");
-  using Product = attn::FwdConfig<128, true>;  // the product's tile at the ablation's shape (s = 8448)
+  using Product = attn::FwdConfig<128, false>;  // the product's tile at the ablation's shape (s = 8448)
   constexpr int kProduct = Product::kSchedule, kNoOverlap = kProduct & ~attn::kOverlap,
                 kPingpongFlipped = kProduct ^ attn::kPingpong;
   switch (sched) {

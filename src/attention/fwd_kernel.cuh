@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   const FwdSmem<Cfg> smem(smem_raw);
   auto& bars = smem.bars();
   if (threadIdx.x == 0) {
-    bars.q.init(Shape::kConsumers);
+    bars.q.init(Shape::kConsumers * hopper::kWarpgroupSize);  // every consumer thread releases Q (consumer.cuh)
     bars.k.init(Shape::kConsumers);
     bars.v.init(Shape::kConsumers);
     hopper::mbarrier_init_fence();
