@@ -40,14 +40,16 @@ struct WithSchedule : Cfg {
 template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
 
-// d96: 192 query rows (three consumer warpgroups) for longer key sequences; d64: 128 query rows for
-// short causal/local ones; d256: a 64-key block for short key sequences. has_alt_tile: which (head
-// dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates those).
+// d96 (and masked d128): 192 query rows (three consumer warpgroups) for longer key sequences; d64:
+// 128 query rows for short causal/local ones; d256: a 64-key block for short key sequences.
+// has_alt_tile: which (head dim, mask) pairs have a second tile at all (CMakeLists.txt instantiates
+// those).
 constexpr bool has_alt_tile(int head_dim, bool masked) {
-  return head_dim == 96 || head_dim == 256 || (head_dim == 64 && masked);
+  return head_dim == 96 || head_dim == 256 || (masked && (head_dim == 64 || head_dim == 128));
 }
 inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
   if (head_dim == 96) return seqlen_k >= 2048;
+  if (head_dim == 128) return masked && seqlen_k >= 4096;
   if (head_dim == 64) return masked && seqlen_q < 2048;
   if (head_dim == 256) return seqlen_k < 4096;
   return false;
@@ -84,6 +86,12 @@ struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false, kSoftmaxBoundSch
 // (three consumers) from 2k keys: +3-10% non-causal, +6-11% causal from 1k (perf-log step 51).
 template <>
 struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kStreamSchedule> {};
+// Masked problems from 4k keys keep the former 192x80 tile (three consumers at 160 registers,
+// exponentials under the PV, no pingpong): in compare.py (do_bench, calls back to back) it ran
+// causal 4k-16k 3-6% faster than the stream tile, although fa3-bench (one call at a time) read the
+// stream tile 7-8% faster there (perf-log step 53).
+template <>
+struct FwdConfig<128, true> : TileConfig<128, 192, 80, 2, false, kFullSchedule & ~kPingpong> {};
 template <>
 struct FwdConfig<192, false> : TileConfig<192, 128, 112, 2, true> {};
 template <>
