@@ -81,9 +81,10 @@ struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false, kStreamSchedule
 // keys, +7-18% causal; 6-13% slower at 1k (perf-log step 34).
 template <>
 struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false, kSoftmaxBoundSchedule> {};
-// d128, every length: the stream schedule (the stale max with pingpong, tiles as one stream) beat
-// both earlier tiles, 128x128 with the exponentials under the PV and without pingpong, and 192x80
-// (three consumers) from 2k keys: +3-10% non-causal, +6-11% causal from 1k (perf-log step 51).
+// d128 (all but masked problems from 4k keys): the stream schedule (the stale max with pingpong,
+// tiles as one stream) beat both earlier tiles, 128x128 with the exponentials under the PV and
+// without pingpong, and 192x80 (three consumers) from 2k keys: +3-10% non-causal, +6-11% causal
+// from 1k in fa3-bench (perf-log step 51).
 template <>
 struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kStreamSchedule> {};
 // Masked problems from 4k keys keep the former 192x80 tile (three consumers at 160 registers,

@@ -62,7 +62,8 @@ struct PipelineBarriers {
   uint64_t full[kStages];
   uint64_t empty[kStages];
 
-  // One thread: full expects 1 arrival (the producer's expect_tx), empty one per consumer.
+  // One thread: full expects 1 arrival (the producer's expect_tx), empty `consumers` arrivals (one
+  // per releasing thread: a warpgroup's thread 0, or every thread that read the stage by itself).
   __device__ void init(uint32_t consumers) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], 1);
