@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "src/attention/block_info.cuh"
 #include "src/attention/tile_scheduler.cuh"
 
 namespace fa3::attn {
@@ -65,6 +66,64 @@ TEST(TileScheduler, CausalSweepIsBalanced) {
       const double avg = std::accumulate(r.load.begin(), r.load.end(), 0.0) / r.load.size();
       const double worst = *std::max_element(r.load.begin(), r.load.end());
       EXPECT_GT(avg / worst, 0.965) << "seqlen " << seqlen << " d " << d;
+    }
+}
+
+// The producer's notes and the consumers' gap walk (consumer.cuh, FwdSmem::TileNote), replayed for
+// every CTA: the producer notes each tile with a visible key (step = its place in the walk) and
+// then the walk's length; the consumers compute the noted tiles and write zeros for the steps
+// between notes. Every tile must be computed or zeroed exactly once, zeroed ones having no visible
+// key, on problems whose masks leave tiles without keys (seqlen_q > seqlen_k causal, windows).
+TEST(TileScheduler, NotesCoverEveryTile) {
+  struct Case {
+    int sq, sk, left, right;
+  };
+  for (const Case c : {Case{1000, 300, -1, 0}, Case{700, 900, 100, 0}, Case{2100, 2600, 300, 40}, Case{512, 512, 0, 0},
+                       Case{4096, 100, -1, 0}, Case{300, 9000, 64, 64}, Case{128, 128, -1, -1}})
+    for (int grid : {1, 5, 132}) {
+      constexpr int kM = 128, kN = 128;
+      FwdKernelParams p{};
+      p.batch = 2;
+      p.heads_q = 3;
+      p.seqlen_q = c.sq;
+      p.seqlen_k = c.sk;
+      p.window_left = c.left;
+      p.window_right = c.right;
+      p.num_m_blocks = (c.sq + kM - 1) / kM;
+      p.num_tiles = p.num_m_blocks * p.heads_q * p.batch;
+      p.lpt_order = c.left >= 0 || c.right >= 0;
+      const int num_bh = p.batch * p.heads_q, g = std::min(grid, p.num_tiles);
+      p.pair_rounds = pair_rounds(num_bh, p.num_m_blocks, g, pair_slack(num_bh, p.num_m_blocks, g));
+      std::vector<int> computed(p.num_tiles, 0), zeroed(p.num_tiles, 0);
+      auto index = [&](const WorkTile& w) { return (w.batch * p.heads_q + w.head) * p.num_m_blocks + w.m_block; };
+      for (int cta = 0; cta < g; ++cta) {
+        struct Note {
+          WorkTile w;
+          int step;
+        };
+        std::vector<Note> notes;  // the producer's, in order; m_block < 0: the end
+        int step = 0;
+        WorkTile w;
+        BlockRange r;
+        while (next_visible_tile<kM, kN>(step, cta, g, p, w, r)) notes.push_back({w, step - 1});
+        notes.push_back({{-1, 0, 0}, step - 1});
+        int done = 0;  // the consumers'
+        for (const Note& n : notes) {
+          for (; done < n.step; ++done) {
+            WorkTile e;
+            ASSERT_TRUE(tile_at_step(done, cta, g, p, e));
+            EXPECT_TRUE((block_range<kM, kN>(e.m_block, p).empty())) << "zeroed a tile with keys";
+            ++zeroed[index(e)];
+          }
+          ++done;
+          if (n.w.m_block < 0) break;
+          EXPECT_FALSE((block_range<kM, kN>(n.w.m_block, p).empty()));
+          ++computed[index(n.w)];
+        }
+      }
+      for (int t = 0; t < p.num_tiles; ++t)
+        ASSERT_EQ(computed[t] + zeroed[t], 1) << "tile " << t << " sq " << c.sq << " sk " << c.sk << " window " << c.left
+                                               << "," << c.right << " grid " << grid;
     }
 }
 

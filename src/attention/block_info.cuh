@@ -9,14 +9,14 @@ namespace fa3::attn {
 
 struct BlockRange {
   int n_min, n_max;  // visit n_max-1 down to n_min; empty when n_max <= n_min
-  __device__ __forceinline__ bool empty() const { return n_max <= n_min; }
+  __host__ __device__ __forceinline__ bool empty() const { return n_max <= n_min; }
 };
 
-__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
-__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+__host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ BlockRange block_range(int m_block, const FwdKernelParams& p) {
+__host__ __device__ __forceinline__ BlockRange block_range(int m_block, const FwdKernelParams& p) {
   const int offset = p.seqlen_k - p.seqlen_q;
   int n_max = ceil_div(p.seqlen_k, kBlockN);
   int n_min = 0;
@@ -32,10 +32,11 @@ __device__ __forceinline__ BlockRange block_range(int m_block, const FwdKernelPa
 // The CTA's next tile with at least one visible key, from its step `step` on (advanced past it, so
 // the tile's own step is step - 1). The producer walks the tiles and passes them on to the consumers
 // (FwdSmem::TileNote); those it skips here, the consumers fill with zeros. False when the CTA has no
-// more tiles (step - 1 is then the walk's length).
+// more tiles (step - 1 is then the walk's length). (The CPU tests replay it: test_tile_scheduler.cu.)
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool next_visible_tile(int& step, const FwdKernelParams& p, WorkTile& w, BlockRange& r) {
-  while (tile_at_step(step++, blockIdx.x, gridDim.x, p, w)) {
+__host__ __device__ __forceinline__ bool next_visible_tile(int& step, int cta, int grid, const FwdKernelParams& p,
+                                                           WorkTile& w, BlockRange& r) {
+  while (tile_at_step(step++, cta, grid, p, w)) {
     r = block_range<kBlockM, kBlockN>(w.m_block, p);
     if (!r.empty()) return true;
   }

@@ -51,7 +51,7 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_v);
     int step = 0;
     auto next_tile = [&](WorkTile& t, BlockRange& r) {
-      return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, p, t, r);
+      return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, blockIdx.x, gridDim.x, p, t, r);
     };
     auto load_first_k = [&](const WorkTile& t, const BlockRange& r) {
       load_kv(&p.tma_k, bars.k, k_st, &Smem::k, r.n_max - 1, t.head / p.head_ratio, t.batch);
