@@ -24,12 +24,18 @@ struct MainloopLoad {
       hopper::tma_load_4d(dst + pn * panel_bytes, map, pn * 64, row, head, batch, bar);
   }
 
+  struct NoNote {
+    __device__ __forceinline__ void operator()(int) const {}
+  };
   // Waits for a free buffer of the ring, then loads rows [row, row + rows) of one head into it.
-  template <int kRing>
+  // `note(stage)` runs once the buffer is free and before the arrival that publishes it (Q's note).
+  template <int kRing, class Note = NoNote>
   __device__ __forceinline__ void load_stage(const CUtensorMap* map, hopper::PipelineBarriers<kRing>& ring,
                                              hopper::PipelineState<kRing>& st, uint8_t* (Smem::*buffer)(int) const,
-                                             int tile_bytes, int panel_bytes, int row, int head, int batch) const {
+                                             int tile_bytes, int panel_bytes, int row, int head, int batch,
+                                             Note&& note = {}) const {
     ring.producer_acquire(st);
+    note(st.index);
     hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], tile_bytes);
     load_tile(map, (smem.*buffer)(st.index), panel_bytes, row, head, batch, &ring.full[st.index]);
     st.advance();
@@ -58,12 +64,8 @@ struct MainloopLoad {
     };
     // Q with the tile's note (fwd_smem.cuh): its step is step - 1, next_tile() having moved past it.
     auto load_q = [&](const WorkTile& t, const BlockRange& r) {
-      bars.q.producer_acquire(q_st);
-      bars.note[q_st.index] = {t.m_block, t.head, t.batch, r.n_min, r.n_max, step - 1};
-      hopper::mbarrier_arrive_expect_tx(&bars.q.full[q_st.index], Smem::kQBytes);
-      load_tile(&p.tma_q, smem.q(q_st.index), Smem::kQPanelBytes, t.m_block * Cfg::kBlockM, t.head, t.batch,
-                &bars.q.full[q_st.index]);
-      q_st.advance();
+      load_stage(&p.tma_q, bars.q, q_st, &Smem::q, Smem::kQBytes, Smem::kQPanelBytes, t.m_block * Cfg::kBlockM, t.head,
+                 t.batch, [&](int stage) { bars.note[stage] = {t.m_block, t.head, t.batch, r.n_min, r.n_max, step - 1}; });
     };
     // After the last tile: a note without Q, whose step is the walk's length.
     auto announce_end = [&] {

@@ -249,6 +249,11 @@ struct MainloopMma {
                                                 PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
     float corr[2];
+    auto pv_done = [&] {  // the PV of block n+1 has finished reading P and its V stage
+      hopper::wgmma_wait<0>();
+      hopper::fence_operand(o);
+      release(bars.v, v_st);
+    };
     for (int n = r.n_max - 2; n >= r.n_min; --n) {
       bars.k.consumer_wait(k_st);
       turn_wait();
@@ -262,9 +267,7 @@ struct MainloopMma {
       if constexpr (kMasked) mask_if_needed(s, n, m_block);
       bool any_rescale;
       if constexpr (kStaleMax) {
-        hopper::wgmma_wait<0>();  // P is free once the PV is done
-        hopper::fence_operand(o);
-        release(bars.v, v_st);
+        pv_done();  // P is free for the exponentials
         if (softmax.template exponentiate_stale<Mma>(s, pa)) continue;
         any_rescale = softmax.update_max(s, corr);  // refused: the full step on S
       } else {
@@ -274,9 +277,7 @@ struct MainloopMma {
           // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
           hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
         }
-        hopper::wgmma_wait<0>();
-        hopper::fence_operand(o);
-        release(bars.v, v_st);
+        pv_done();
       }
       if (any_rescale) rescale(o, corr);
       if constexpr (!kExpUnderPv) softmax.exponentiate(s);

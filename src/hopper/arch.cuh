@@ -1,9 +1,7 @@
 // Small sm_90a building blocks with no attention knowledge: addresses, lane election, named
 // barriers, register reallocation and proxy fences.  Inline PTX only where CCCL has no wrapper.
 #pragma once
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include <cuda/ptx>
 
@@ -83,44 +81,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// exp2 on the FMA pipe instead of the special-function unit (MUFU: 16 results per clock per SM,
-// against 128 FFMAs): FlashAttention-4's split of the exponentials between the two. 2^x = 2^j * 2^f
-// with j = floor(x), f in [0, 1): a degree-3 polynomial for 2^f (minimax in relative error with
-// p(0) = 1 exactly, max error 8.6e-5; P is rounded to 16 bits, 2^-9, afterwards), j added to its
-// exponent field. x is clamped to -127 first: -inf (masked scores) then gives f = 0, p = 1.0 and
-// exponent 0, i.e. exactly +0. Valid for x <= 127 (the softmax passes x <= 8). Eight instructions,
-// none on the MUFU. Host and device agree bit for bit (tests/test_hopper_prims.cu, HopperMath.*).
-// Not in the BF16 softmax: a share of its exponentials here measured 2-10% slower on every d64/d128
-// tile (perf-log step 31: those consumers are short of issue slots, not of MUFU throughput); meant
-// for the FP8 path, whose GEMMs run twice as fast per exponential.
-struct Exp2Poly {
-  static constexpr float kC1 = 0.69511682f, kC2 = 0.22764485f, kC3 = 0.07706717f;
-  static constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: x + kMagic rounds x to an integer
-};
-__host__ __device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -127.f);
-#ifdef __CUDA_ARCH__
-  const float t = __fadd_rd(x, Exp2Poly::kMagic);  // magic + floor(x), exactly
-  const float j = t - Exp2Poly::kMagic;
-  const uint32_t j_bits = __float_as_uint(t);  // floor(x) in its low bits (two's complement, mod 2^9 is enough)
-#else
-  const float j = floorf(x);
-  const uint32_t j_bits = static_cast<uint32_t>(static_cast<int32_t>(j));
-#endif
-  const float f = x - j;
-  const float p = fmaf(fmaf(fmaf(Exp2Poly::kC3, f, Exp2Poly::kC2), f, Exp2Poly::kC1), f, 1.f);
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(__float_as_uint(p) + (j_bits << 23));
-#else
-  uint32_t p_bits;
-  memcpy(&p_bits, &p, 4);
-  p_bits += j_bits << 23;
-  float y;
-  memcpy(&y, &p_bits, 4);
-  return y;
-#endif
 }
 
 }  // namespace fa3::hopper
