@@ -9,6 +9,14 @@ a float64 reference.  The run exits non-zero when fa3 is off by more than 1e-2 t
   python3 bench/compare.py                          # full sweep, table on stdout
   python3 bench/compare.py --quick --json r.json --png r.png
   python3 bench/compare.py --hdims 128 --seqlens 1k,8k --causal 1 --impls fa3,cudnn
+  python3 bench/compare.py --extras --json r.json         # the sweep, then the extra rows
+  python3 bench/compare.py --only-extras softcap,varlen   # only (some of) the extra rows
+
+Extra rows (opt-in, their own tables after the sweep, key "extras" of the JSON): softcap 30 (fa3 with
+vs without), head dims 192/128 (fa3 vs fa3 at 192/192, cuDNN/FA2 where SDPA takes d_v != d_qk) and
+varlen (16 random lengths 256..4096: fa3 vs FA2's varlen kernel and vs fa3 dense at the mean length).
+Each fa3 output there is checked against float64; their FLOPs count the visible (query, key) pairs
+exactly: 2*pairs*(d_qk + d_v).
 
 Timing: CUDA events around each call, inputs rotated over several sets (> 4x L2 together) so
 that L2 does not hold the previous call's K/V, median of --rep calls.  Baselines run without
@@ -21,6 +29,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import warnings
@@ -38,6 +47,16 @@ MAX_REL_ERR = 1e-2      # fa3 vs the float64 reference
 REF_HEADS = 2           # heads of batch element 0 checked against float64
 TIME_BUDGET_MS = 10_000  # per impl and shape: a slow path (reference-gpu) gets fewer timed calls
 COLORS = {"fa3": "C3", "cudnn": "C0", "flash": "C1"}  # the same colour in every panel
+ERRORS = (RuntimeError, fa3_ctypes.Fa3Error, ValueError)  # a refusal or failure of one implementation
+
+# Extra rows (--extras): fixed shapes, 16k tokens and hidden 2048 as the sweep unless said otherwise.
+EXTRA_SECTIONS = ("softcap", "hdim192", "varlen")
+EXTRA_SEQLENS = (4096, 16384)
+SOFTCAP = 30.0
+SOFTCAP_HDIMS = (64, 128, 256)
+MLA_DQK, MLA_DV = 192, 128             # DeepSeek's head dims; heads = hidden // MLA_DV
+VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX, VARLEN_SEED = 16, 256, 4096, 0
+VARLEN_HDIMS = (128, 64)
 
 
 # --------------------------------------------------------------------------------- arguments ----
@@ -68,8 +87,13 @@ def parse_args(argv=None):
     ap.add_argument("--impls", default=",".join(IMPLS), help="subset of fa3,cudnn,flash")
     ap.add_argument("--timer", choices=("do_bench", "events"), default="do_bench",
                     help="do_bench: triton.testing.do_bench median (L2 flushed before every call; the method of "
-                         "ANCHORS.md); events: back-to-back calls, CUDA events around each")
+                         "docs/anchors.md); events: back-to-back calls, CUDA events around each")
     ap.add_argument("--quick", action="store_true", help="seqlens 1k,4k,16k and head dims 64,128,256 only")
+    ap.add_argument("--extras", nargs="?", const=",".join(EXTRA_SECTIONS), default=None, metavar="LIST",
+                    help="after the sweep, run the extra rows: softcap, hdim192, varlen (default: all three); "
+                         "they honour --causal, --dtype, --tokens, --hidden, --timer and --impls (peers)")
+    ap.add_argument("--only-extras", nargs="?", const=",".join(EXTRA_SECTIONS), default=None, metavar="LIST",
+                    help="run the extra rows only, no sweep (LIST as for --extras)")
     args = ap.parse_args(argv)
     if args.quick:
         args.seqlens, args.hdims = list(QUICK_SEQLENS), list(DEFAULT_HDIMS)
@@ -83,6 +107,17 @@ def parse_args(argv=None):
     if args.rep < 1:
         ap.error("--rep must be >= 1")
     args.causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    chosen = args.only_extras or args.extras
+    args.extras = [x.strip() for x in chosen.split(",") if x.strip()] if chosen else []
+    args.only_extras = args.only_extras is not None
+    unknown = [x for x in args.extras if x not in EXTRA_SECTIONS]
+    if unknown:
+        ap.error(f"--extras/--only-extras: unknown {unknown}; choose from {','.join(EXTRA_SECTIONS)}")
+    if args.extras and "fa3" not in args.impls:
+        ap.error("--extras/--only-extras time fa3: keep fa3 in --impls")
+    bad = [d for d in set(SOFTCAP_HDIMS + VARLEN_HDIMS + (MLA_DV,)) if args.extras and args.hidden % d]
+    if bad:
+        ap.error(f"--hidden {args.hidden} is not a multiple of the extra rows' head dims {sorted(bad)}")
     return args
 
 
@@ -125,14 +160,16 @@ def flops(shape):
 
 
 def make_input_sets(torch, shape, dtype, l2):
-    """Enough independent (q, k, v) sets that cycling through them keeps each call's inputs out of L2."""
+    """Enough independent (q, k, v) sets that cycling through them keeps each call's inputs out of L2.
+    V has head dim shape["d_v"] where given (else d)."""
     b, s, h, d = shape["batch"], shape["seqlen"], shape["heads"], shape["d"]
-    set_bytes = 3 * b * s * h * d * torch.empty((), dtype=dtype).element_size()
+    dv = shape.get("d_v", d)
+    set_bytes = b * s * h * (2 * d + dv) * torch.empty((), dtype=dtype).element_size()
     n_sets = max(2, 4 * l2 // set_bytes + 1)
     gen = torch.Generator(device="cuda").manual_seed(0)  # same inputs on every run
     sets = []
     for _ in range(n_sets):
-        q, k, v = (torch.randn(b, s, h, d, dtype=dtype, device="cuda", generator=gen) for _ in range(3))
+        q, k, v = (torch.randn(b, s, h, dd, dtype=dtype, device="cuda", generator=gen) for dd in (d, d, dv))
         sets.append({"q": q, "k": k, "v": v,
                      # SDPA wants [b, h, s, d]: views of the very same memory, no copies.
                      "qt": q.transpose(1, 2), "kt": k.transpose(1, 2), "vt": v.transpose(1, 2)})
@@ -141,10 +178,11 @@ def make_input_sets(torch, shape, dtype, l2):
 
 # ---------------------------------------------------------------------------- implementations ----
 
-def fa3_calls(torch, lib, sets, causal, scale):
-    """One prepared fa3_forward call per input set: the params are built outside the timed region."""
-    outs = [torch.empty_like(s["q"]) for s in sets]
-    params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale)
+def fa3_calls(torch, lib, sets, causal, scale, **kw):
+    """One prepared fa3_forward call per input set: the params are built outside the timed region.
+    kw goes to fa3_ctypes.fwd_params (softcap, varlen's cu_seqlens_q/k, max_seqlen_q/k)."""
+    outs = [s["q"].new_empty(s["q"].shape[:-1] + (s["v"].shape[-1],)) for s in sets]  # head dim of V
+    params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale, **kw)
               for s, o in zip(sets, outs)]
     stream = torch.cuda.current_stream().cuda_stream
     calls = [lambda p=p: fa3_ctypes.run_forward(lib, p, stream) for p in params]
@@ -172,15 +210,19 @@ def sdpa_reasons(caught):
     return notes
 
 
+def error_text(e):
+    """The first line of an exception's message."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def first_call(fn):
     """Runs fn once, turning a refusal into (None, reason); SDPA explains refusals through warnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             return fn(), None
-        except (RuntimeError, fa3_ctypes.Fa3Error, ValueError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return None, " | ".join([first] + sdpa_reasons(caught))
+        except ERRORS as e:
+            return None, " | ".join([error_text(e)] + sdpa_reasons(caught))
 
 
 # ------------------------------------------------------------------------------------ timing ----
@@ -243,9 +285,10 @@ def has_nan(torch, t):
     return bool(torch.isnan(t).any().item())
 
 
-def attention_fp64(torch, q, k, v, causal, scale, chunk=1024):
+def attention_fp64(torch, q, k, v, causal, scale, softcap=0.0, chunk=1024):
     """Plain softmax(scale QK^T) V in float64 on [s, h, d] slices, query rows in chunks so that the
-    scores of a 16k sequence never sit in memory whole.  Causal is bottom-right aligned, like fa3."""
+    scores of a 16k sequence never sit in memory whole.  Causal is bottom-right aligned, like fa3;
+    softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap) before the mask."""
     q, k, v = (t.double().transpose(0, 1) for t in (q, k, v))  # [h, s, d]
     sq, sk = q.shape[1], k.shape[1]
     out = torch.empty(q.shape[0], sq, v.shape[2], dtype=torch.float64, device=q.device)
@@ -253,6 +296,8 @@ def attention_fp64(torch, q, k, v, causal, scale, chunk=1024):
     for i0 in range(0, sq, chunk):
         i1 = min(sq, i0 + chunk)
         s = (q[:, i0:i1] @ k.transpose(1, 2)) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
         if causal:
             rows = torch.arange(i0, i1, device=q.device)[:, None] + (sk - sq)
             s.masked_fill_(cols[None, :] > rows, float("-inf"))
@@ -260,14 +305,50 @@ def attention_fp64(torch, q, k, v, causal, scale, chunk=1024):
     return out.transpose(0, 1)
 
 
-def reference_check(torch, kept, causal, scale):
+def reference_check(torch, kept, causal, scale, softcap=0.0):
     """Every implementation's slice vs float64: fa3's number decides, the others give the scale."""
     q, k, v = kept["inputs"]
-    ref = attention_fp64(torch, q, k, v, causal, scale)
+    ref = attention_fp64(torch, q, k, v, causal, scale, softcap)
     return {impl: rel_err(torch, o, ref) for impl, o in kept["outs"].items()}
 
 
 # ----------------------------------------------------------------------------------- one row ----
+
+def measure(torch, args, calls):
+    """Probes calls[0] (a refusal becomes res["error"], never an exception), then times all the calls
+    with args.timer.  Returns (res, what calls[0] returned, or None after an error)."""
+    res = {"ms": None, "tflops": None, "reps": 0, "error": None}
+    try:
+        first, err = first_call(calls[0])
+        if err is not None:
+            res["error"] = err
+            return res, None
+        torch.cuda.synchronize()  # an asynchronous failure shows here, charged to this impl
+        timer = time_do_bench if args.timer == "do_bench" else time_calls
+        res["ms"], res["reps"] = timer(torch, calls, args.warmup_ms, args.rep)
+    except ERRORS as e:
+        res["error"] = error_text(e)
+        return res, None
+    return res, first
+
+
+def run_fa3(torch, lib, args, sets, causal, scale, **kw):
+    """fa3 on every set (kw: see fa3_calls).  Returns (result, O of set 0 or None, kernel name or None)."""
+    try:
+        calls, out, kname = fa3_calls(torch, lib, sets, causal, scale, **kw)
+    except ERRORS as e:  # fa3 refused the arguments (workspace size, kernel name)
+        return {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}, None, None
+    res, _ = measure(torch, args, calls)
+    return res, (None if res["error"] else out), kname
+
+
+def run_sdpa(torch, args, impl, sets, causal, scale):
+    """One SDPA backend ("cudnn" or "flash") on every set.  Returns (result, O of set 0 as [b, s, h, d] or None)."""
+    # SDPA would silently fall back to another backend: pin the one under test for the whole run.
+    with torch.nn.attention.sdpa_kernel(sdpa_backend(torch, impl)):
+        res, out = measure(torch, args, sdpa_calls(torch, sets, causal, scale))
+    return res, (None if out is None else out.transpose(1, 2))  # back to [b, s, h, d]
+
 
 def run_impl(torch, lib, args, impl, sets, causal, scale):
     """Probes one implementation on set 0, then times it over all sets.
@@ -275,30 +356,10 @@ def run_impl(torch, lib, args, impl, sets, causal, scale):
     Returns (result, O of set 0 as [b, s, h, d] or None, fa3 kernel name or None).  A refusal (SDPA
     has no kernel for the shape, fa3 returns an error) becomes result["error"], never an exception.
     """
-    from contextlib import nullcontext
-    res = {"ms": None, "tflops": None, "reps": 0, "error": None}
-    kname = None
-    # SDPA would silently fall back to another backend: pin the one under test for the whole run.
-    ctx = nullcontext() if impl == "fa3" else torch.nn.attention.sdpa_kernel(sdpa_backend(torch, impl))
-    try:
-        with ctx:
-            if impl == "fa3":
-                calls, out, kname = fa3_calls(torch, lib, sets, causal, scale)
-                _, err = first_call(calls[0])
-            else:
-                calls = sdpa_calls(torch, sets, causal, scale)
-                out, err = first_call(calls[0])
-                out = None if out is None else out.transpose(1, 2)  # back to [b, s, h, d]
-            if err is not None:
-                res["error"] = err
-                return res, None, kname
-            torch.cuda.synchronize()  # an asynchronous failure shows here, charged to this impl
-            timer = time_do_bench if args.timer == "do_bench" else time_calls
-            res["ms"], res["reps"] = timer(torch, calls, args.warmup_ms, args.rep)
-    except (RuntimeError, fa3_ctypes.Fa3Error, ValueError) as e:
-        res["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return res, None, kname
-    return res, out, kname
+    if impl == "fa3":
+        return run_fa3(torch, lib, args, sets, causal, scale)
+    res, out = run_sdpa(torch, args, impl, sets, causal, scale)
+    return res, out, None
 
 
 def run_shape(torch, lib, args, shape, l2):
@@ -345,10 +406,14 @@ def ratio(row, a, b):
     return ta / tb if ta and tb else None
 
 
+def env_line(env):
+    return (f"# fa3 vs SDPA cuDNN / FLASH (FA2) forward | {env['gpu']} (sm_{env['compute_capability'].replace('.', '')}, "
+            f"{env['sm_count']} SMs) | torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']} | "
+            f"{env['date_utc']}")
+
+
 def print_header(env, args):
-    print(f"# fa3 vs SDPA cuDNN / FLASH (FA2) forward | {env['gpu']} (sm_{env['compute_capability'].replace('.', '')}, "
-          f"{env['sm_count']} SMs) | torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']} | "
-          f"{env['date_utc']}")
+    print(env_line(env))
     print(f"# {args.dtype}, tokens {args.tokens}, hidden {args.hidden}, median of {args.rep} calls, "
           f"inputs rotated over > 4x L2; TFLOP/s = 4*b*h*s^2*d/t (x0.5 causal); err = ||fa3-x||/||x||")
     print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'b':>3} {'h':>3} | {'fa3':>6} {'cuDNN':>6} {'FA2':>6} | "
@@ -362,12 +427,17 @@ def print_row(row):
           f"{row['heads']:>3} | {fmt(t['fa3'], '6.1f')} {fmt(t['cudnn'], '6.1f')} {fmt(t['flash'], '6.1f')} | "
           f"{fmt(ratio(row, 'fa3', 'cudnn'), '6.2f')} {fmt(ratio(row, 'fa3', 'flash'), '6.2f')} | "
           f"{fmt(e.get('cudnn'), '9.2e')} {fmt(e.get('flash'), '9.2e')} | {row['fa3_kernel'] or '-'}", flush=True)
+    print_row_problems(row, LABELS)
+
+
+def print_row_problems(row, labels):
+    """The errors (n/a with the reason) and NaN outputs of one row's implementations."""
     for impl, res in row["impls"].items():
         if res["error"]:
-            print(f"       {LABELS[impl]} n/a: {res['error'][:400]}", flush=True)
+            print(f"       {labels[impl]} n/a: {res['error'][:400]}", flush=True)
     for impl, nan in row["nan"].items():
         if nan:
-            print(f"       {LABELS[impl]}: NaN in the output", flush=True)
+            print(f"       {labels[impl]}: NaN in the output", flush=True)
 
 
 def print_summary(rows):
@@ -413,28 +483,300 @@ def plot(rows, args, env, path):
     plt.close(fig)
 
 
-# -------------------------------------------------------------------------------------- main ----
+# -------------------------------------------------------------------------------- extra rows ----
+# Opt-in (--extras / --only-extras): features of the Hopper kernel beyond the sweep, each against a
+# plain fa3 run that sets the bar (and the SDPA peers where they can run the same problem).
 
-def main(argv=None):
-    args = parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("compare.py: no CUDA device visible", file=sys.stderr)
-        return 2
-    lib, lib_path = None, None
-    if "fa3" in args.impls:
+# Per section: the title, the TFLOP/s columns (row key, header) and the ratios (num, den, goal, header).
+EXTRA_SPECS = {
+    "softcap": {
+        "title": f"softcap {SOFTCAP:g} (scaled scores s -> {SOFTCAP:g}*tanh(s/{SOFTCAP:g})): fa3 with vs without "
+                 "on the same inputs and FLOPs; cuDNN without softcap (SDPA has none), for scale",
+        "columns": (("fa3_softcap", "fa3+cap"), ("fa3", "fa3"), ("cudnn", "cuDNN")),
+        "ratios": (("fa3_softcap", "fa3", 0.90, "cap/plain"),),
+    },
+    "hdim192": {
+        "title": f"head dims qk {MLA_DQK} / v {MLA_DV}: fa3 vs fa3 at {MLA_DQK}/{MLA_DQK} (own inputs), and cuDNN / "
+                 "FA2 through SDPA where they take d_v != d_qk",
+        "columns": (("fa3", "fa3"), ("fa3_192", "fa3 192"), ("cudnn", "cuDNN"), ("flash", "FA2")),
+        "ratios": (("fa3", "fa3_192", 0.90, "/192x192"), ("fa3", "cudnn", None, "/cuDNN")),
+    },
+    "varlen": {
+        "title": f"varlen, {VARLEN_SEQS} sequences of random lengths {VARLEN_MIN}-{VARLEN_MAX} (seed {VARLEN_SEED}, "
+                 "cu_seqlens_q = cu_seqlens_k): fa3 vs FA2 varlen (aten._flash_attention_forward), and vs dense "
+                 "batches at the mean length",
+        "columns": (("fa3_varlen", "fa3 vl"), ("fa2_varlen", "FA2 vl"), ("fa3_dense", "fa3 mean"),
+                    ("cudnn_dense", "cuDNN mn")),
+        "ratios": (("fa3_varlen", "fa2_varlen", 1.8, "/FA2 vl"), ("fa3_varlen", "fa3_dense", 0.90, "/dense")),
+    },
+}
+EXTRA_LABELS = {
+    "fa3": "fa3", "fa3_softcap": f"fa3 softcap {SOFTCAP:g}", "fa3_192": f"fa3 d{MLA_DQK}/{MLA_DQK}",
+    "fa3_varlen": "fa3 varlen", "fa3_dense": "fa3 dense at the mean length",
+    "cudnn": LABELS["cudnn"], "flash": LABELS["flash"], "cudnn_dense": "cuDNN (SDPA) dense at the mean length",
+    "fa2_varlen": "FA2 varlen",
+}
+
+
+def nan_high(x):
+    """Sort key that ranks NaN above everything: the worst of several errors."""
+    return math.inf if math.isnan(x) else x
+
+
+def visible_pairs(sq, sk, causal):
+    """The (query, key) pairs that take part; causal is bottom-right aligned as in fa3: query i sees
+    keys j <= i + sk - sq."""
+    if not causal:
+        return sq * sk
+    return sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq))
+
+
+def attn_flops(batch, heads, sq, sk, d_qk, d_v, causal):
+    """2 flops per multiply-add: QK^T costs 2*d_qk per visible pair, PV 2*d_v."""
+    return 2 * batch * heads * visible_pairs(sq, sk, causal) * (d_qk + d_v)
+
+
+def varlen_lengths():
+    """The varlen rows' sequence lengths: the same for every implementation and every run."""
+    rng = random.Random(VARLEN_SEED)
+    return [rng.randint(VARLEN_MIN, VARLEN_MAX) for _ in range(VARLEN_SEQS)]
+
+
+def new_extra_row(section, case, **fields):
+    return dict(section=section, case=case, **fields, impls={}, flops={}, kernels={}, nan={}, rel_err_vs_fp64={})
+
+
+def record(torch, row, key, res, out, flops_, kname=None):
+    """Stores one run in an extra row; its TFLOP/s come from its own FLOPs."""
+    if res["ms"] is not None:
+        res["tflops"] = flops_ / (res["ms"] * 1e-3) / 1e12
+    row["impls"][key], row["flops"][key] = res, flops_
+    if kname:
+        row["kernels"][key] = kname
+    if out is not None:
+        row["nan"][key] = has_nan(torch, out)
+
+
+def dense_check(torch, row, s0, outs, causal, scale, softcap=0.0):
+    """float64 check of batch 0, heads 0..REF_HEADS-1 of input set s0; outs: {key: O [b, s, h, d_v] or None}."""
+    kept = {"inputs": [s0[n][0, :, :REF_HEADS] for n in ("q", "k", "v")],
+            "outs": {key: o[0, :, :REF_HEADS] for key, o in outs.items() if o is not None}}
+    if kept["outs"]:
+        row["rel_err_vs_fp64"].update(reference_check(torch, kept, causal, scale, softcap))
+
+
+def varlen_check(torch, row, s0, cu_host, outs, causal, scale, seqs):
+    """float64 check of sequences `seqs` (heads 0..REF_HEADS-1) of the packed set s0; the worst error per run."""
+    for i in seqs:
+        r0, r1 = cu_host[i], cu_host[i + 1]
+        kept = {"inputs": [s0[n][r0:r1, :REF_HEADS] for n in ("q", "k", "v")],
+                "outs": {key: o[r0:r1, :REF_HEADS] for key, o in outs.items() if o is not None}}
+        if not kept["outs"]:
+            return
+        for key, e in reference_check(torch, kept, causal, scale).items():
+            errs = row["rel_err_vs_fp64"]
+            errs[key] = max(errs.get(key, 0.0), e, key=nan_high)
+
+
+def run_fa2_varlen(torch, args, sets, cu, max_len, causal, scale):
+    """FlashAttention-2's varlen forward as PyTorch ships it (aten._flash_attention_forward, the kernel
+    behind SDPA's FLASH backend) on packed [total, h, d] sets.  A missing op or a signature other than
+    (q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale)
+    becomes res["error"], with the schema this torch has."""
+    try:
+        op = torch.ops.aten._flash_attention_forward
+    except (AttributeError, RuntimeError) as e:
+        return {"ms": None, "tflops": None, "reps": 0, "error": f"aten._flash_attention_forward: {error_text(e)}"}, None
+    schema = getattr(getattr(op, "default", None), "_schema", "?")
+
+    def call(s):
         try:
-            lib = fa3_ctypes.load(args.lib)
-            lib_path = lib._name
-        except (OSError, RuntimeError) as e:
-            print(f"compare.py: {e}", file=sys.stderr)
-            return 2
+            return op(s["q"], s["k"], s["v"], cu, cu, max_len, max_len, 0.0, causal, False, scale=scale)[0]
+        except TypeError as e:  # the binding's complaint about the arguments
+            raise RuntimeError(f"aten._flash_attention_forward: {error_text(e)}") from None
 
-    env = environment(torch, args, lib_path)
-    l2 = l2_bytes(env)
-    print_header(env, args)
+    res, out = measure(torch, args, [lambda s=s: call(s) for s in sets])
+    if res["error"]:
+        res["error"] += f" | schema: {schema}"
+    return res, out
+
+
+def extra_softcap(torch, lib, args, l2, dtype, d, causal, seqlen):
+    """fa3 with softcap vs fa3 without on the sweep's shape (and cuDNN without, for scale)."""
+    shape = shape_of(args, d, causal, seqlen)
+    b, h = shape["batch"], shape["heads"]
+    row = new_extra_row("softcap", f"d{d} {seqlen // 1024}k{' causal' if causal else ''}", d=d, d_v=d,
+                        causal=causal, seqlen=seqlen, batch=b, heads=h, softcap=SOFTCAP)
+    scale, f = 1.0 / math.sqrt(d), attn_flops(b, h, seqlen, seqlen, d, d, causal)
+    sets = make_input_sets(torch, shape, dtype, l2)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale, softcap=SOFTCAP)
+    record(torch, row, "fa3_softcap", res, out, f, kname)
+    dense_check(torch, row, sets[0], {"fa3_softcap": out}, causal, scale, SOFTCAP)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
+    record(torch, row, "fa3", res, out, f, kname)
+    plain = {"fa3": out}
+    if "cudnn" in args.impls:
+        res, plain["cudnn"] = run_sdpa(torch, args, "cudnn", sets, causal, scale)
+        record(torch, row, "cudnn", res, plain["cudnn"], f)
+    dense_check(torch, row, sets[0], plain, causal, scale)
+    return row
+
+
+def extra_hdim192(torch, lib, args, l2, dtype, causal, seqlen):
+    """d_qk 192 / d_v 128 vs fa3 at 192/192, with cuDNN and FA2 through SDPA where they accept it."""
+    b, h = max(1, args.tokens // seqlen), args.hidden // MLA_DV
+    shape = {"d": MLA_DQK, "d_v": MLA_DV, "causal": causal, "seqlen": seqlen, "batch": b, "heads": h}
+    row = new_extra_row("hdim192", f"{seqlen // 1024}k{' causal' if causal else ''}", **shape)
+    scale = 1.0 / math.sqrt(MLA_DQK)
+    sets = make_input_sets(torch, shape, dtype, l2)
+    f = attn_flops(b, h, seqlen, seqlen, MLA_DQK, MLA_DV, causal)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
+    record(torch, row, "fa3", res, out, f, kname)
+    outs = {"fa3": out}
+    for impl in ("cudnn", "flash"):
+        if impl in args.impls:
+            res, outs[impl] = run_sdpa(torch, args, impl, sets, causal, scale)
+            record(torch, row, impl, res, outs[impl], f)
+    dense_check(torch, row, sets[0], outs, causal, scale)
+    del sets, outs, out  # the 192/192 bar on its own inputs
+    sets = make_input_sets(torch, dict(shape, d_v=MLA_DQK), dtype, l2)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
+    record(torch, row, "fa3_192", res, out, attn_flops(b, h, seqlen, seqlen, MLA_DQK, MLA_DQK, causal), kname)
+    dense_check(torch, row, sets[0], {"fa3_192": out}, causal, scale)
+    return row
+
+
+def extra_varlen(torch, lib, args, l2, dtype, d, causal):
+    """fa3 varlen vs FA2 varlen on packed [total, h, d] tensors, and fa3 / cuDNN dense at the mean length."""
+    lengths = varlen_lengths()
+    n, h, total = len(lengths), args.hidden // d, sum(lengths)
+    mean, longest = round(total / n), max(lengths)
+    cu_host = [0] + list(itertools.accumulate(lengths))
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    row = new_extra_row("varlen", f"d{d}{' causal' if causal else ''}", d=d, d_v=d, causal=causal, batch=n,
+                        heads=h, seqlens=lengths, total=total, mean_seqlen=mean, fp64_sequences=[0, n - 1])
+    scale = 1.0 / math.sqrt(d)
+    # Packed sets: batch 0 of [1, total, h, d] sets, so that L2 rotation works as for the sweep.
+    sets = [{name: s[name][0] for name in ("q", "k", "v")}
+            for s in make_input_sets(torch, {"batch": 1, "seqlen": total, "heads": h, "d": d}, dtype, l2)]
+    f = sum(attn_flops(1, h, s, s, d, d, causal) for s in lengths)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                              max_seqlen_q=longest, max_seqlen_k=longest)
+    record(torch, row, "fa3_varlen", res, out, f, kname)
+    outs = {"fa3_varlen": out}
+    if "flash" in args.impls:
+        res, outs["fa2_varlen"] = run_fa2_varlen(torch, args, sets, cu, longest, causal, scale)
+        record(torch, row, "fa2_varlen", res, outs["fa2_varlen"], f)
+    varlen_check(torch, row, sets[0], cu_host, outs, causal, scale, row["fp64_sequences"])
+    del sets, outs, out  # dense batches at the mean length
+    dense = {"batch": n, "seqlen": mean, "heads": h, "d": d}
+    sets = make_input_sets(torch, dense, dtype, l2)
+    fd = attn_flops(n, h, mean, mean, d, d, causal)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
+    record(torch, row, "fa3_dense", res, out, fd, kname)
+    outs = {"fa3_dense": out}
+    if "cudnn" in args.impls:
+        res, outs["cudnn_dense"] = run_sdpa(torch, args, "cudnn", sets, causal, scale)
+        record(torch, row, "cudnn_dense", res, outs["cudnn_dense"], fd)
+    dense_check(torch, row, sets[0], outs, causal, scale)
+    return row
+
+
+EXTRA_RUNNERS = {"softcap": extra_softcap, "hdim192": extra_hdim192, "varlen": extra_varlen}
+
+
+def extra_cases(section, args):
+    """The argument tuples of one section's rows (after torch, lib, args, l2, dtype), in print order."""
+    if section == "softcap":
+        return [(d, c, s) for d in SOFTCAP_HDIMS for c in args.causals for s in EXTRA_SEQLENS]
+    if section == "hdim192":
+        return [(c, s) for c in args.causals for s in EXTRA_SEQLENS]
+    return [(d, c) for d in VARLEN_HDIMS for c in args.causals]
+
+
+def extra_problems(row):
+    """What fails an extra row: fa3 refused or failed, a NaN in any output, fa3 off float64 by > MAX_REL_ERR."""
+    where = f"extras {row['section']} {row['case']}"
+    out = [f"{where}: {EXTRA_LABELS[k]} failed: {res['error'][:300]}"
+           for k, res in row["impls"].items() if k.startswith("fa3") and res["error"]]
+    out += [f"{where}: NaN in {EXTRA_LABELS[k]}'s output" for k, nan in row["nan"].items() if nan]
+    out += [f"{where}: {EXTRA_LABELS[k]} rel err vs float64 {e:.3e}" for k, e in row["rel_err_vs_fp64"].items()
+            if k.startswith("fa3") and not (math.isfinite(e) and e <= MAX_REL_ERR)]
+    row["ok"] = not out
+    return out
+
+
+def print_extra_header(section):
+    spec = EXTRA_SPECS[section]
+    goals = ", ".join(f"{name} >= {goal:.2f}" for _, _, goal, name in spec["ratios"] if goal)
+    print(f"\n## {spec['title']}")
+    print(f"# TFLOP/s = 2*pairs*(d_qk+d_v)/t (causal: visible pairs); goals: {goals}; "
+          f"err = worst fa3 ||fa3-ref||/||ref|| vs float64")
+    cols = " ".join(f"{name:>8}" for _, name in spec["columns"])
+    rats = " ".join(f"{name:>9}" for *_, name in spec["ratios"])
+    print(f"{'case':<15} {'b':>3} {'h':>3} | {cols} | {rats} | {'err':>8} {'':4} | kernel")
+
+
+def print_extra_row(row):
+    spec = EXTRA_SPECS[row["section"]]
+    cols = " ".join(fmt(row["impls"].get(key, {}).get("tflops"), "8.1f") for key, _ in spec["columns"])
+    rats = " ".join(fmt(ratio(row, num, den), "9.2f") for num, den, *_ in spec["ratios"])
+    errs = [e for key, e in row["rel_err_vs_fp64"].items() if key.startswith("fa3")]
+    worst = max(errs, key=nan_high) if errs else None
+    kernels = sorted(set(row["kernels"].values()))
+    kernel = kernels[0] if len(kernels) == 1 else \
+        ", ".join(f"{EXTRA_LABELS[k]}: {v}" for k, v in row["kernels"].items()) or "-"
+    print(f"{row['case']:<15} {row['batch']:>3} {row['heads']:>3} | {cols} | {rats} | {fmt(worst, '8.2e')} "
+          f"{'ok' if row['ok'] else 'FAIL':4} | {kernel}", flush=True)
+    print_row_problems(row, EXTRA_LABELS)
+
+
+def print_extras_summary(rows):
+    """One line per ratio of each section: geometric mean, worst case, how many rows meet the goal."""
+    print("\n# extras summary (TFLOP/s ratios over the rows where both ran)")
+    print(f"{'section':<8} {'ratio':<46} {'n':>2} {'gmean':>6} {'min':>6} {'goal':>5} {'met':>5}  worst case")
+    for section in EXTRA_SECTIONS:
+        srows = [r for r in rows if r["section"] == section]
+        if not srows:
+            continue
+        for num, den, goal, _ in EXTRA_SPECS[section]["ratios"]:
+            vals = [(ratio(r, num, den), r["case"]) for r in srows]
+            vals = [(x, case) for x, case in vals if x]
+            what = f"{EXTRA_LABELS[num]} / {EXTRA_LABELS[den]}"
+            if not vals:
+                print(f"{section:<8} {what:<46} {0:>2} {'n/a':>6}")
+                continue
+            gm = math.exp(sum(math.log(x) for x, _ in vals) / len(vals))
+            lo, lo_case = min(vals)
+            met = f"{sum(x >= goal for x, _ in vals)}/{len(vals)}" if goal else "-"
+            print(f"{section:<8} {what:<46} {len(vals):>2} {gm:6.2f} {lo:6.2f} {fmt(goal, '5.2f')} {met:>5}  {lo_case}")
+    n_ok = sum(r["ok"] for r in rows)
+    print(f"# extra rows without problems (fa3 ran, no NaN, fa3 within {MAX_REL_ERR:.0e} of float64): "
+          f"{n_ok} of {len(rows)}")
+
+
+def run_extras(torch, lib, args, l2):
+    """The sections of args.extras, one table each, then their summary.  Returns (rows, problems)."""
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    rows, problems = [], []
+    for section in args.extras:
+        print_extra_header(section)
+        for case in extra_cases(section, args):
+            row = EXTRA_RUNNERS[section](torch, lib, args, l2, dtype, *case)
+            problems += extra_problems(row)
+            rows.append(row)
+            print_extra_row(row)
+            torch.cuda.empty_cache()
+    print_extras_summary(rows)
+    return rows, problems
+
+
+# ------------------------------------------------------------------------------------- sweep ----
+
+def run_sweep(torch, lib, args, l2):
+    """The main sweep: one table row per (d, causal, seqlen), a float64 check per (d, causal).
+    Returns (rows, float64 checks, problems)."""
     rows, checks, problems = [], [], []
-    torch.set_grad_enabled(False)
     for d in args.hdims:
         for causal in args.causals:
             kept = None  # the longest seqlen's slices: the most accumulation, the hardest case
@@ -463,16 +805,53 @@ def main(argv=None):
                 print(f"  float64 check d={d} {'causal' if causal else 'non-causal'}: skipped, fa3 never ran")
             kept = None
             torch.cuda.empty_cache()
+    return rows, checks, problems
 
-    print_summary(rows)
+
+# -------------------------------------------------------------------------------------- main ----
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("compare.py: no CUDA device visible", file=sys.stderr)
+        return 2
+    lib, lib_path = None, None
+    if "fa3" in args.impls:
+        try:
+            lib = fa3_ctypes.load(args.lib)
+            lib_path = lib._name
+        except (OSError, RuntimeError) as e:
+            print(f"compare.py: {e}", file=sys.stderr)
+            return 2
+
+    env = environment(torch, args, lib_path)
+    l2 = l2_bytes(env)
+    torch.set_grad_enabled(False)
+    rows, checks, problems = [], [], []
+    if args.only_extras:
+        print(env_line(env))
+    else:
+        print_header(env, args)
+        rows, checks, problems = run_sweep(torch, lib, args, l2)
+        print_summary(rows)
+    extras = []
+    if args.extras:
+        extras, extra_problems = run_extras(torch, lib, args, l2)
+        problems += extra_problems
     for p in problems:
         print(f"PROBLEM: {p}")
     if args.json:
+        data = {"environment": env, "config": {k: v for k, v in vars(args).items()},
+                "rows": rows, "float64_checks": checks, "problems": problems}
+        if args.extras:
+            data["extras"] = {"softcap": SOFTCAP, "seqlens": list(EXTRA_SEQLENS), "varlen_lengths": varlen_lengths(),
+                              "varlen_seed": VARLEN_SEED, "flops": "2*pairs*(d_qk + d_v), causal pairs counted exactly",
+                              "rows": extras}
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "config": {k: v for k, v in vars(args).items()},
-                       "rows": rows, "float64_checks": checks, "problems": problems}, f, indent=1)
+            json.dump(data, f, indent=1)
         print(f"# wrote {args.json}")
-    if args.png:
+    if args.png and rows:
         plot(rows, args, env, args.png)
         print(f"# wrote {args.png}")
     return 1 if problems else 0

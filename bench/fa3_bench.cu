@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/ablation.h"
 #include "bench/tune_variants.h"
 #include "fa3/fa3.h"
 #include "src/api/dispatch.h"
@@ -67,6 +68,7 @@ struct Options {
   int tokens = 16384, hidden = 2048, batch = 0, heads = 0, heads_kv = 0;
   fa3_dtype dtype = FA3_DTYPE_BF16;
   int warmup = 5, iters = 20;
+  float softcap = 0.f;  // applied to every shape: scores s -> softcap * tanh(s / softcap); 0 = off
   bool ablation = false, tune = false, flush = true;
   std::string json;
 };
@@ -86,7 +88,8 @@ void usage() {
   std::puts(
       "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
       "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16] [--warmup 5] [--iters 20]\n"
-      "          [--ablation] [--tune] [--no-flush] [--json FILE]\n"
+      "          [--softcap X] [--ablation] [--tune] [--no-flush] [--json FILE]\n"
+      "  --softcap: scaled scores s -> X * tanh(s / X) in every run (0 = off); FLOPs are counted as without\n"
       "  --tune: time every tile variant compiled in (cmake -DFA3_BUILD_TUNE=ON) on --hdim/--seqlen/--causal");
 }
 
@@ -139,6 +142,7 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
     a.heads_kv = hkv;
     a.head_dim_qk = a.head_dim_v = d;
     a.causal = causal;
+    a.softcap = o.softcap;
     a.q = fa3::bshd(q, s, h, d);
     a.k = fa3::bshd(k, s, hkv, d);
     a.v = fa3::bshd(v, s, hkv, d);
@@ -211,6 +215,7 @@ int main(int argc, char** argv) {
     else if (a == "--dtype") o.dtype = std::string(next()) == "fp16" ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
     else if (a == "--warmup") o.warmup = std::atoi(next());
     else if (a == "--iters") o.iters = std::atoi(next());
+    else if (a == "--softcap") o.softcap = float(std::atof(next()));
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--tune") o.tune = true;
     else if (a == "--no-flush") o.flush = false;
@@ -222,7 +227,9 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("fa3-bench on %s (%d SMs), dtype %s\n", prop.name, prop.multiProcessorCount, fa3::dtype_name(o.dtype));
+  std::printf("fa3-bench on %s (%d SMs), dtype %s", prop.name, prop.multiProcessorCount, fa3::dtype_name(o.dtype));
+  if (o.softcap != 0.f) std::printf(", softcap %g", o.softcap);
+  std::printf("\n");
   std::printf("%5s %7s %7s %6s %6s %6s  %-14s %-22s %9s %9s\n", "hdim", "causal", "seqlen", "batch", "heads", "hkv",
               "kernel", "schedule", "ms", "TFLOP/s");
   std::vector<Result> results;
@@ -240,7 +247,7 @@ int main(int argc, char** argv) {
         {kProduct ^ fa3::attn::kPingpong, kHasPingpong ? "no pingpong" : "with pingpong"}};
     for (auto [sched, label] : scheds)
       vs.push_back({label, [sched = sched](const fa3::FwdArgs& a) {
-                      return fa3::detail::hopper_fwd_schedule(fa3::detail::make_problem(a), sched, nullptr);
+                      return fa3::bench::run_schedule_ablation(fa3::detail::make_problem(a), sched, nullptr);
                     }});
     record(run_shape(o, 128, 0, 8448, 4, 16, 16, vs));
   } else if (o.tune) {  // every compiled tile variant of a head dim, interleaved, on the sweep's shapes
@@ -268,7 +275,8 @@ int main(int argc, char** argv) {
       std::perror(o.json.c_str());
       return 1;
     }
-    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"%s\", \"results\": [\n", prop.name, fa3::dtype_name(o.dtype));
+    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"%s\", \"softcap\": %g, \"results\": [\n", prop.name,
+                 fa3::dtype_name(o.dtype), o.softcap);
     for (size_t i = 0; i < results.size(); ++i) {
       const auto& r = results[i];
       std::fprintf(f,

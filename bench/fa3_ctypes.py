@@ -80,6 +80,8 @@ class FwdParams(ctypes.Structure):
         ("cu_seqlens_k", c_void_p),
         ("seqused_q", c_void_p),
         ("seqused_k", c_void_p),
+        ("total_q", c_int32),  # with cu_seqlens_q: rows of the packed Q / O (>= 1)
+        ("total_k", c_int32),  # with cu_seqlens_k: rows of the packed K / V (>= 1)
         ("page_table", c_void_p),
         ("page_table_batch_stride", c_int64),
         ("page_size", c_int32),
@@ -206,40 +208,91 @@ def _dtype_code(dtype):
     return codes[dtype]
 
 
-def tensor_view(t, name):
-    """fa3_tensor of a 4-D [b, s, h, d] torch tensor; any strides as long as d is contiguous."""
-    if t.dim() != 4:
-        raise ValueError(f"fa3_ctypes: {name} must be 4-D [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
-    if t.stride(3) != 1 and t.shape[3] > 1:
+def tensor_view(t, name, packed=False):
+    """fa3_tensor of a 4-D [b, s, h, d] torch tensor, or (packed=True, varlen) of a 3-D [total, h, d]
+    one whose rows are the sequences one after another; any strides as long as d is contiguous."""
+    want = 3 if packed else 4
+    if t.dim() != want:
+        layout = "3-D [total, heads, head_dim] (varlen: packed rows)" if packed else \
+            "4-D [batch, seqlen, heads, head_dim]"
+        raise ValueError(f"fa3_ctypes: {name} must be {layout}, got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise ValueError(f"fa3_ctypes: {name} must have a contiguous last dim, got strides {t.stride()}")
+    if packed:  # batch_stride is ignored for varlen: give the extent of the whole tensor
+        return Tensor(t.data_ptr(), t.shape[0] * t.stride(0), t.stride(0), t.stride(1))
     return Tensor(t.data_ptr(), t.stride(0), t.stride(1), t.stride(2))
 
 
-def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
+def _int32_vector(t, name):
+    """Device pointer of a 1-D contiguous int32 CUDA tensor (cu_seqlens_*, seqused_*)."""
+    import torch
+    if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous() or not t.is_cuda:
+        raise ValueError(f"fa3_ctypes: {name} must be a contiguous 1-D int32 CUDA tensor, got "
+                         f"{t.dtype} shape {tuple(t.shape)} on {t.device}")
+    return t.data_ptr()
+
+
+def _max_seqlen(cu_seqlens):
+    """The longest sequence of a cu_seqlens tensor (one device sync: pass max_seqlen_* to avoid it)."""
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+
+
+def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, *,
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None):
     """Fills fa3_fwd_params from torch tensors in BSHD layout.
+
+    Fixed length: q/out [b, s_q, h_q, d_qk / d_v], k/v [b, s_k, h_kv, d_qk / d_v] (d_v may differ
+    from d_qk).  Varlen: with cu_seqlens_q (int32 [batch + 1] on the GPU) q and out are packed
+    [total_q, h_q, d] and total_q = q.shape[0]; with cu_seqlens_k, k and v are packed [total_k, h_kv, d]
+    likewise; max_seqlen_* are the longest sequences (computed from cu_seqlens with a device sync when
+    not given); lse is then [h_q, total_q].  seqused_k (int32 [batch]) limits the keys per sequence.
+    softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap).
 
     Shapes come from the tensors; the library validates them (and names the bad argument), so only
     what is needed to read strides is checked here.  A workspace, when the library asks for one, is
-    allocated with torch and kept alive as an attribute of the returned struct.
+    allocated with torch and kept alive as an attribute of the returned struct (as are the int32
+    vectors, whose device pointers the struct holds).
     """
     import torch
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"fa3_ctypes: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    varlen_q, varlen_k = cu_seqlens_q is not None, cu_seqlens_k is not None
     p = new_fwd_params(lib)
     p.dtype = _dtype_code(q.dtype)
     p.out_dtype = _dtype_code(out.dtype)
-    p.batch, p.seqlen_q, p.heads_q, p.head_dim_qk = q.shape
-    p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
-    p.head_dim_v = v.shape[3]
-    p.q, p.k, p.v, p.out = tensor_view(q, "q"), tensor_view(k, "k"), tensor_view(v, "v"), tensor_view(out, "out")
+    p.q, p.out = tensor_view(q, "q", varlen_q), tensor_view(out, "out", varlen_q)
+    p.k, p.v = tensor_view(k, "k", varlen_k), tensor_view(v, "v", varlen_k)
+    p.heads_q, p.head_dim_qk = q.shape[-2], q.shape[-1]
+    p.heads_kv, p.head_dim_v = k.shape[-2], v.shape[-1]
+    keep = []  # tensors whose device pointers the struct holds
+    if varlen_q:
+        p.cu_seqlens_q = _int32_vector(cu_seqlens_q, "cu_seqlens_q")
+        p.batch = cu_seqlens_q.numel() - 1
+        p.seqlen_q = _max_seqlen(cu_seqlens_q) if max_seqlen_q is None else int(max_seqlen_q)
+        p.total_q = q.shape[0]
+        keep.append(cu_seqlens_q)
+    else:
+        p.batch, p.seqlen_q = q.shape[0], q.shape[1]
+    if varlen_k:
+        p.cu_seqlens_k = _int32_vector(cu_seqlens_k, "cu_seqlens_k")
+        p.seqlen_k = _max_seqlen(cu_seqlens_k) if max_seqlen_k is None else int(max_seqlen_k)
+        p.total_k = k.shape[0]
+        keep.append(cu_seqlens_k)
+    else:
+        p.seqlen_k = k.shape[1]
+    if seqused_k is not None:
+        p.seqused_k = _int32_vector(seqused_k, "seqused_k")
+        keep.append(seqused_k)
     if lse is not None:
         if lse.dtype != torch.float32 or not lse.is_contiguous():
-            raise ValueError("fa3_ctypes: lse must be a contiguous float32 tensor [batch, heads_q, seqlen_q]")
+            raise ValueError("fa3_ctypes: lse must be a contiguous float32 tensor [batch, heads_q, seqlen_q] "
+                             "(varlen: [heads_q, total_q])")
         p.lse = lse.data_ptr()
     p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)  # 0 = 1/sqrt(d) in the library
     p.causal = int(bool(causal))
     p.window_left, p.window_right = int(window[0]), int(window[1])
     p.softcap = float(softcap)
+    p._keep = keep  # ctypes holds raw pointers only: keep the tensors alive with the struct
 
     nbytes = c_size_t(0)
     check(lib, lib.fa3_fwd_workspace_size(byref(p), byref(nbytes)))
@@ -266,9 +319,11 @@ def run_forward(lib, params, stream=None):
 
 
 def forward(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
-            stream=None):
-    """O = attention(q, k, v) into `out` (and `lse`), all [b, s, h, d] torch tensors; raises Fa3Error."""
-    p = fwd_params(lib, q, k, v, out, lse, causal, softmax_scale, window, softcap)
+            stream=None, **varlen):
+    """O = attention(q, k, v) into `out` (and `lse`), [b, s, h, d] torch tensors (varlen: packed
+    [total, h, d], with the keyword arguments cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    seqused_k of fwd_params); raises Fa3Error."""
+    p = fwd_params(lib, q, k, v, out, lse, causal, softmax_scale, window, softcap, **varlen)
     handle = stream_handle(stream, q.device)
     ws = getattr(p, "_workspace", None)
     if ws is not None and stream is not None:
@@ -334,6 +389,28 @@ def selftest(lib):
     expect("a valid problem validates OK (and clears the last error)", st == FA3_OK and msg == "",
            f"status {st}, message {msg!r}")
 
+    # Varlen: checks that total_q / total_k sit where the library reads them (a size check alone
+    # would miss two fields out of order).  The cu_seqlens pointers are fake: validation cannot read them.
+    b, s, h, d = 2, 128, 4, 128
+    p = _fake_valid_params(lib)
+    p.cu_seqlens_q, p.cu_seqlens_k = 0x900000, 0xA00000
+    p.total_q = p.total_k = b * s
+    for name in ("q", "k", "v", "out"):  # packed [total, h, d]
+        setattr(p, name, Tensor(getattr(p, name).data, b * s * h * d, h * d, d))
+    st = lib.fa3_fwd_validate(byref(p))
+    msg = last_error(lib)
+    expect("a valid varlen problem (cu_seqlens, total_q/total_k) validates OK", st == FA3_OK and msg == "",
+           f"status {st}, message {msg!r}")
+    for field in ("total_q", "total_k"):
+        saved = getattr(p, field)
+        setattr(p, field, 0)
+        st = lib.fa3_fwd_validate(byref(p))
+        msg = last_error(lib)
+        expect(f"varlen with {field}=0 is rejected naming '{field}'", st != FA3_OK and field in msg,
+               f"status {st}, message {msg!r}")
+        setattr(p, field, saved)
+
+    p = _fake_valid_params(lib)
     try:
         name = kernel_name(lib, p)
         expect("fa3_fwd_kernel_name is 'hopper' or 'reference-gpu'", name in ("hopper", "reference-gpu"), name)

@@ -19,8 +19,8 @@ void add_variant(std::vector<TuneVariant>& v) {
                      ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
                      ((kSched & attn::kExpUnderPv) ? " xpv" : "") + ((kSched & attn::kCrossTile) ? " xtile" : "") +
                      ((kSched & attn::kNarrowFirst) ? " narrow" : "");
-  v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, false>});
-  v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, true>});
+  v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, attn::FwdFeatures<false>>});
+  v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, attn::FwdFeatures<true>>});
 }
 
 void add_d64(std::vector<TuneVariant>& v);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -61,19 +63,87 @@ std::mt19937& rng() {
   return gen;
 }
 
+namespace {
+
+std::string list(const std::vector<int>& v) {
+  std::ostringstream s;
+  s << "{";
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+  s << "}";
+  return s.str();
+}
+
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kBSHDPadded: return "Layout::kBSHDPadded";
+    case Layout::kBHSD: return "Layout::kBHSD";
+    default: return "Layout::kBSHD";
+  }
+}
+
+const char* dtype_enum(fa3_dtype t) {
+  switch (t) {
+    case FA3_DTYPE_FP16: return "FA3_DTYPE_FP16";
+    case FA3_DTYPE_E4M3: return "FA3_DTYPE_E4M3";
+    case FA3_DTYPE_FP32: return "FA3_DTYPE_FP32";
+    default: return "FA3_DTYPE_BF16";
+  }
+}
+
+// A float as a C++ literal: "30.0f", "0.125f", "1e-05f".
+std::string float_literal(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s + "f";
+}
+
+}  // namespace
+
 std::string FwdCase::name() const {
   std::ostringstream s;
-  s << fa3::dtype_name(dtype) << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k << " h" << heads_q << "/"
-    << heads_kv << " d" << head_dim;
+  s << fa3::dtype_name(dtype) << " b" << batch;
+  if (varlen_q.empty()) s << " sq" << seqlen_q;
+  if (varlen_k.empty()) s << " sk" << seqlen_k;
+  s << " h" << heads_q << "/" << heads_kv << " d" << head_dim;
   if (head_dim_v && head_dim_v != head_dim) s << "/" << head_dim_v;
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0) s << " softcap" << softcap;
+  if (softmax_scale != 0) s << " scale" << softmax_scale;
   if (layout == Layout::kBSHDPadded) s << " padded-rows";
   if (layout == Layout::kBHSD) s << " bhsd";
-  if (!varlen_q.empty()) s << " varlen";
+  const bool short_lists = batch <= 8;
+  if (!varlen_q.empty() && !varlen_k.empty() && page_size == 0) s << " varlen";
+  else if (!varlen_q.empty()) s << " varlen-q";
+  else if (!varlen_k.empty() && page_size == 0) s << " varlen-k";
+  if (!varlen_q.empty() && short_lists) s << " q" << list(varlen_q);
+  if (!varlen_k.empty() && short_lists) s << " k" << list(varlen_k);
+  if (!seqused_q.empty()) s << " seqused_q" << (short_lists ? list(seqused_q) : "");
+  if (!seqused_k.empty()) s << " seqused_k" << (short_lists ? list(seqused_k) : "");
+  if (guard_rows) s << " guard" << guard_rows;
   if (page_size) s << " paged" << page_size;
   if (key_growth > 0) s << " key-growth" << key_growth;
+  if (!with_lse) s << " no-lse";
+  return s.str();
+}
+
+std::string FwdCase::repro() const {
+  std::ostringstream s;
+  s << "c.dtype = " << dtype_enum(dtype) << "; c.batch = " << batch << "; c.seqlen_q = " << seqlen_q
+    << "; c.seqlen_k = " << seqlen_k << "; c.heads_q = " << heads_q << "; c.heads_kv = " << heads_kv
+    << "; c.head_dim = " << head_dim << "; c.head_dim_v = " << head_dim_v << "; c.causal = " << causal
+    << "; c.window_left = " << window_left << "; c.window_right = " << window_right
+    << "; c.softcap = " << float_literal(softcap) << "; c.softmax_scale = " << float_literal(softmax_scale)
+    << "; c.with_lse = " << with_lse << "; c.layout = " << layout_name(layout) << ";";
+  if (!varlen_q.empty()) s << " c.varlen_q = " << list(varlen_q) << ";";
+  if (!varlen_k.empty()) s << " c.varlen_k = " << list(varlen_k) << ";";
+  if (!seqused_q.empty()) s << " c.seqused_q = " << list(seqused_q) << ";";
+  if (!seqused_k.empty()) s << " c.seqused_k = " << list(seqused_k) << ";";
+  if (guard_rows) s << " c.guard_rows = " << guard_rows << ";";
+  if (page_size) s << " c.page_size = " << page_size << ";";
+  if (key_growth != 0) s << " c.key_growth = " << float_literal(key_growth) << ";";
   return s.str();
 }
 
@@ -90,16 +160,16 @@ void store_elem(uint8_t* dst, fa3_dtype t, float x) {
     std::memcpy(dst, &b, 2);
   }
 }
+float from_bits16(uint16_t b, fa3_dtype t) { return t == FA3_DTYPE_BF16 ? ref::from_bf16_bits(b) : ref::from_fp16_bits(b); }
 float load_elem(const uint8_t* src, fa3_dtype t) {
   uint16_t b;
   std::memcpy(&b, src, 2);
-  return t == FA3_DTYPE_BF16 ? ref::from_bf16_bits(b) : ref::from_fp16_bits(b);
+  return from_bits16(b, t);
 }
 
-// Element strides of a [rows][heads][d] tensor in the case's layout; returns the element count.
-struct Strides {
-  int64_t batch, row, head;
-};
+// Element strides of a [rows][heads][d] tensor in the case's layout (rows: per batch entry, or the
+// packed rows; guard rows included).
+using Strides = FwdPlan::Strides;
 Strides layout_strides(Layout l, int rows, int heads, int d) {
   switch (l) {
     case Layout::kBSHDPadded: {
@@ -111,111 +181,271 @@ Strides layout_strides(Layout l, int rows, int heads, int d) {
   }
 }
 
-// Random standard-normal values rounded to the dtype (fp8: scaled up to use its range).
-std::vector<float> random_values(size_t n, fa3_dtype t) {
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng()) * (t == FA3_DTYPE_E4M3 ? 8.f : 1.f);
-  ref::round_vec(v, t);
-  return v;
+// Standard-normal values rounded to the dtype (fp8: scaled up to use its range), encoded: a pool
+// drawn once per dtype from a fixed seed. Tensors are filled by sampling it at random indices
+// (from rng()), which is about ten times faster than drawing normals and leaves the fill a function
+// of rng()'s state alone.
+const std::vector<uint8_t>& normal_pool(fa3_dtype t) {
+  constexpr size_t kPool = size_t(1) << 20;
+  static std::mutex mutex;
+  static std::map<int, std::vector<uint8_t>> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::vector<uint8_t>& pool = pools[static_cast<int>(t)];
+  if (pool.empty()) {
+    std::mt19937 gen(0x5eed0000u + static_cast<unsigned>(t));
+    std::normal_distribution<float> dist(0.f, 1.f);
+    const int eb = elem_bytes(t);
+    pool.resize(kPool * eb);
+    for (size_t i = 0; i < kPool; ++i) store_elem(pool.data() + i * eb, t, dist(gen) * (t == FA3_DTYPE_E4M3 ? 8.f : 1.f));
+  }
+  return pool;
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills a host image (every element, padding included) with pool values.
+void fill_random(std::vector<uint8_t>& img, fa3_dtype t) {
+  const std::vector<uint8_t>& pool = normal_pool(t);
+  const int eb = elem_bytes(t);
+  const size_t n = img.size() / eb, mask = pool.size() / eb - 1;  // pool size: a power of 2
+  uint64_t state = (uint64_t(rng()()) << 32) | rng()();
+  for (size_t i = 0; i < n; i += 3) {
+    const uint64_t z = splitmix64(state);  // three 20-bit indices
+    for (size_t k = 0; k < 3 && i + k < n; ++k)
+      std::memcpy(img.data() + (i + k) * eb, pool.data() + ((z >> (20 * k)) & mask) * eb, eb);
+  }
+}
+
+std::vector<int> per_batch(const std::vector<int>& given, int batch, int fallback, const char* what) {
+  if (given.empty()) return std::vector<int>(batch, fallback);
+  if (static_cast<int>(given.size()) != batch)
+    throw std::invalid_argument(std::string("FwdCase.") + what + " has " + std::to_string(given.size()) +
+                                " entries for batch " + std::to_string(batch));
+  for (int x : given)
+    if (x < 0) throw std::invalid_argument(std::string("FwdCase.") + what + " has a negative entry");
+  return given;
+}
+
+// Greedy decomposition of an element offset by the strides, largest first (exact for layouts
+// without overlap; coordinates past an extent mean padding).
+std::vector<int64_t> decompose(int64_t off, std::vector<int64_t> strides) {
+  std::vector<size_t> order(strides.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] > strides[b]; });
+  std::vector<int64_t> coord(strides.size() + 1, 0);
+  for (size_t i : order)
+    if (strides[i] > 0) {
+      coord[i] = off / strides[i];
+      off -= coord[i] * strides[i];
+    }
+  coord.back() = off;
+  return coord;
 }
 
 }  // namespace
 
-FwdData make_fwd_data(const FwdCase& c) {
+int64_t FwdPlan::kv_index(const Strides& s, int b, int j, int h, int x) const {
+  if (paged) {
+    const int page = page_table[size_t(b) * pages_per_seq + j / page_size];
+    return int64_t(page) * s.batch + int64_t(j % page_size) * s.row + int64_t(h) * s.head + x;
+  }
+  return packed_k ? int64_t(k_row0[b] + j) * s.row + int64_t(h) * s.head + x
+                  : int64_t(b) * s.batch + int64_t(j) * s.row + int64_t(h) * s.head + x;
+}
+
+std::string FwdPlan::describe_o(int64_t off) const {
+  std::ostringstream s;
+  s << "O offset " << off << ": ";
+  if (off >= int64_t(o_elems) - 64 || off < 0) {
+    s << "past the end of the tensor";
+    return s.str();
+  }
+  int64_t b = 0, row, h, x;
+  if (packed_q) {
+    const auto c = decompose(off, {os.row, os.head});
+    row = c[0], h = c[1], x = c[2];
+  } else {
+    const auto c = decompose(off, {os.batch, os.row, os.head});
+    b = c[0], row = c[1], h = c[2], x = c[3];
+  }
+  const bool padding = h >= heads_q || x >= dv;
+  if (packed_q) {
+    s << "packed row " << row;
+    int seq = -1;
+    for (int i = 0; i < batch; ++i)
+      if (row >= q_row0[i] && row < q_row0[i] + rows_q[i]) seq = i;
+    if (seq >= 0)
+      s << " = sequence " << seq << " row " << row - q_row0[seq] << " (seqused " << used_q[seq] << ")";
+    else if (row < total_q)
+      s << " (after the last sequence, inside total_q " << total_q << ")";
+    else
+      s << " (past total_q " << total_q << ")";
+  } else {
+    s << "batch " << b << " row " << row;
+    if (row >= rows_alloc_q) s << " (gap between batch entries)";
+    else if (row >= seqlen_q) s << " (guard row past seqlen_q " << seqlen_q << ")";
+    else if (b < batch && row >= used_q[b]) s << " (past seqused_q " << used_q[b] << ")";
+  }
+  s << " head " << h << " x " << x << (padding ? " (row padding)" : "");
+  return s.str();
+}
+
+std::string FwdPlan::describe_lse(int64_t off) const {
+  std::ostringstream s;
+  s << "LSE entry " << off << ": ";
+  if (!with_lse) s << "(lse not passed) ";
+  if (packed_q) {
+    const int64_t h = off / total_q, r = off % total_q;
+    if (h >= heads_q) return s.str() + "past the end";
+    s << "head " << h << " packed row " << r;
+  } else {
+    const int64_t bh = off / seqlen_q, i = off % seqlen_q;
+    if (bh >= int64_t(batch) * heads_q) return s.str() + "past the end";
+    s << "batch " << bh / heads_q << " head " << bh % heads_q << " row " << i << " (seqused " << used_q[bh / heads_q]
+      << ")";
+  }
+  return s.str();
+}
+
+FwdPlan plan_fwd(const FwdCase& c) {
+  FwdPlan P;
+  P.batch = c.batch;
+  P.heads_q = c.heads_q;
+  P.heads_kv = c.heads_kv;
+  P.dqk = c.head_dim;
+  P.dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
+  P.paged = c.page_size > 0;
+  P.packed_q = !c.varlen_q.empty();
+  P.packed_k = !c.varlen_k.empty() && !P.paged;
+  P.with_lse = c.with_lse;
+  P.guard_rows = c.guard_rows;
+  if (c.batch < 1 || c.guard_rows < 0) throw std::invalid_argument("FwdCase: batch < 1 or guard_rows < 0");
+  P.rows_q = per_batch(c.varlen_q, c.batch, c.seqlen_q, "varlen_q");
+  P.rows_k = per_batch(c.varlen_k, c.batch, c.seqlen_k, "varlen_k");
+  P.used_q = per_batch(c.seqused_q, c.batch, 0, "seqused_q");
+  P.used_k = per_batch(c.seqused_k, c.batch, 0, "seqused_k");
+  for (int b = 0; b < c.batch; ++b) {
+    if (c.seqused_q.empty()) P.used_q[b] = P.rows_q[b];
+    if (c.seqused_k.empty()) P.used_k[b] = P.rows_k[b];
+    if (P.used_q[b] > P.rows_q[b] || P.used_k[b] > P.rows_k[b])
+      throw std::invalid_argument("FwdCase: seqused of batch " + std::to_string(b) + " exceeds its rows");
+  }
+  const int max_rows_q = *std::max_element(P.rows_q.begin(), P.rows_q.end());
+  const int max_rows_k = *std::max_element(P.rows_k.begin(), P.rows_k.end());
+  P.seqlen_q = P.packed_q ? std::max(1, max_rows_q) : c.seqlen_q;
+  P.seqlen_k = !c.varlen_k.empty() ? std::max(1, max_rows_k) : c.seqlen_k;
+  const int G = c.guard_rows;
+
+  P.q_row0.assign(c.batch, 0);
+  P.k_row0.assign(c.batch, 0);
+  int sum_q = 0, sum_k = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    if (P.packed_q) P.q_row0[b] = sum_q;
+    if (P.packed_k) P.k_row0[b] = sum_k;
+    sum_q += P.rows_q[b];
+    sum_k += P.rows_k[b];
+  }
+  P.total_q = P.packed_q ? std::max(1, sum_q + G) : 0;
+  P.total_k = P.packed_k ? std::max(1, sum_k + G) : 0;
+  P.rows_alloc_q = P.packed_q ? P.total_q + G : P.seqlen_q + G;
+  P.rows_alloc_k = P.packed_k ? P.total_k + G : P.seqlen_k + G;
+
+  P.qs = layout_strides(c.layout, P.rows_alloc_q, c.heads_q, P.dqk);
+  P.os = layout_strides(c.layout, P.rows_alloc_q, c.heads_q, P.dv);
+  const int q_batches = P.packed_q ? 1 : c.batch;
+  P.q_elems = size_t(P.qs.batch) * q_batches + 64;
+  P.o_elems = size_t(P.os.batch) * q_batches + 64;
+
+  if (P.paged) {
+    P.page_size = c.page_size;
+    P.pages_per_seq = (P.seqlen_k + c.page_size - 1) / c.page_size;
+    P.num_pages = P.pages_per_seq * c.batch;
+    P.page_table.assign(size_t(c.batch) * std::max(P.pages_per_seq, 1), 0);
+    std::vector<int> perm(P.num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng());
+    for (int i = 0; i < P.num_pages; ++i) P.page_table[i] = perm[i];
+  }
+  const int k_rows = P.paged ? c.page_size : P.rows_alloc_k;
+  const int k_batches = P.paged ? P.num_pages : P.packed_k ? 1 : c.batch;
+  P.ks = layout_strides(P.paged ? Layout::kBSHD : c.layout, k_rows, c.heads_kv, P.dqk);
+  P.vs = layout_strides(P.paged ? Layout::kBSHD : c.layout, k_rows, c.heads_kv, P.dv);
+  P.k_elems = size_t(P.ks.batch) * k_batches + 64;
+  P.v_elems = size_t(P.vs.batch) * k_batches + 64;
+  P.lse_elems = (P.packed_q ? size_t(c.heads_q) * P.total_q : size_t(c.batch) * c.heads_q * P.seqlen_q) + 64 + G;
+  return P;
+}
+
+FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
   FwdData d;
   d.c = c;
-  const int dqk = c.head_dim, dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
-  const bool varlen = !c.varlen_q.empty();
+  d.plan = plan_fwd(c);
+  const FwdPlan& P = d.plan;
+  const int dqk = P.dqk, dv = P.dv;
   auto& p = d.prob;
   p.batch = c.batch;
   p.heads_q = c.heads_q;
   p.heads_kv = c.heads_kv;
   p.head_dim_qk = dqk;
   p.head_dim_v = dv;
+  p.softmax_scale = c.softmax_scale;
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.window_right = c.window_right;
   p.softcap = c.softcap;
-  for (int b = 0; b < c.batch; ++b) {
-    p.seqlen_q.push_back(varlen ? c.varlen_q[b] : c.seqlen_q);
-    p.seqlen_k.push_back(varlen ? c.varlen_k[b] : c.seqlen_k);
-  }
-  const int max_sq = *std::max_element(p.seqlen_q.begin(), p.seqlen_q.end());
-  const int max_sk = *std::max_element(p.seqlen_k.begin(), p.seqlen_k.end());
+  p.seqlen_q = P.used_q;  // what the attention sees; masks align to these lengths
+  p.seqlen_k = P.used_k;
   const float descale[3] = {0.5f, 0.25f, 0.75f};  // fp8: q, k, v
 
   auto& a = d.args;
   a.dtype = c.dtype;
   a.out_dtype = c.dtype == FA3_DTYPE_E4M3 ? FA3_DTYPE_BF16 : c.dtype;
   a.batch = c.batch;
-  a.seqlen_q = max_sq;
-  a.seqlen_k = max_sk;
+  a.seqlen_q = P.seqlen_q;
+  a.seqlen_k = P.seqlen_k;
   a.heads_q = c.heads_q;
   a.heads_kv = c.heads_kv;
   a.head_dim_qk = dqk;
   a.head_dim_v = dv;
+  a.softmax_scale = c.softmax_scale;
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.window_right = c.window_right;
   a.softcap = c.softcap;
   const int eb = elem_bytes(c.dtype);
-
-  // Q and O: [batch][max_sq] rows, or packed [total_q] rows for varlen.
-  std::vector<int> q_row0(c.batch, 0), k_row0(c.batch, 0);
-  int total_q = 0, total_k = 0;
-  for (int b = 0; b < c.batch; ++b) {
-    q_row0[b] = total_q;
-    k_row0[b] = total_k;
-    total_q += p.seqlen_q[b];
-    total_k += p.seqlen_k[b];
-  }
-  d.total_q = total_q;
-  const int q_rows = varlen ? total_q : max_sq, q_batches = varlen ? 1 : c.batch;
-  const Strides qs = layout_strides(c.layout, q_rows, c.heads_q, dqk);
-  const Strides os = layout_strides(c.layout, q_rows, c.heads_q, dv);
-  auto q_index = [&](int b, int i, int h, int x, const Strides& s) {
-    return varlen ? int64_t(q_row0[b] + i) * s.row + int64_t(h) * s.head + x
-                  : int64_t(b) * s.batch + int64_t(i) * s.row + int64_t(h) * s.head + x;
-  };
-  const size_t q_elems = size_t(qs.batch) * q_batches + 64, o_elems = size_t(os.batch) * q_batches + 64;
-
-  // K and V: fixed [batch][max_sk], packed varlen [total_k], or a shuffled page pool.
-  const bool paged = c.page_size > 0;
-  int pages_per_seq = paged ? (max_sk + c.page_size - 1) / c.page_size : 0, num_pages = pages_per_seq * c.batch;
-  std::vector<int> page_table(size_t(c.batch) * std::max(pages_per_seq, 1));
-  if (paged) {
-    std::vector<int> perm(num_pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng());
-    for (int i = 0; i < num_pages; ++i) page_table[i] = perm[i];
-  }
-  const int k_rows = paged ? c.page_size : varlen ? total_k : max_sk;
-  const int k_batches = paged ? num_pages : varlen ? 1 : c.batch;
-  const Strides ks = layout_strides(paged ? Layout::kBSHD : c.layout, k_rows, c.heads_kv, dqk);
-  const Strides vs = layout_strides(paged ? Layout::kBSHD : c.layout, k_rows, c.heads_kv, dv);
-  auto k_index = [&](int b, int j, int h, int x, const Strides& s) {
-    if (paged) {
-      const int page = page_table[size_t(b) * pages_per_seq + j / c.page_size];
-      return int64_t(page) * s.batch + int64_t(j % c.page_size) * s.row + int64_t(h) * s.head + x;
-    }
-    return varlen ? int64_t(k_row0[b] + j) * s.row + int64_t(h) * s.head + x
-                  : int64_t(b) * s.batch + int64_t(j) * s.row + int64_t(h) * s.head + x;
-  };
-  const size_t k_elems = size_t(ks.batch) * k_batches + 64, v_elems = size_t(vs.batch) * k_batches + 64;
+  d.total_q = P.total_q;
 
   // Fill host images (unused padding gets random values too) and the logical reference inputs.
-  std::vector<uint8_t> hq(q_elems * eb), hk(k_elems * eb), hv(v_elems * eb);
-  for (auto* img : {&hq, &hk, &hv}) {
-    const auto vals = random_values(img->size() / eb, c.dtype);
-    for (size_t i = 0; i < vals.size(); ++i) store_elem(img->data() + i * eb, c.dtype, vals[i]);
+  std::vector<uint8_t> hq(P.q_elems * eb), hk(P.k_elems * eb), hv(P.v_elems * eb);
+  for (auto* img : {&hq, &hk, &hv}) fill_random(*img, c.dtype);
+  // Guard rows past the tensors' rows hold NaN (all bits set: NaN in fp16, bf16 and e4m3): rows
+  // the contract says are never read.
+  const int G = c.guard_rows;
+  auto nan_rows = [&](std::vector<uint8_t>& img, const Strides& s, bool packed, int rows, int heads, int dim) {
+    for (int b = 0; b < (packed ? 1 : c.batch); ++b)
+      for (int r = rows; r < rows + G; ++r)
+        for (int h = 0; h < heads; ++h)
+          std::memset(img.data() + (int64_t(b) * s.batch + int64_t(r) * s.row + int64_t(h) * s.head) * eb, 0xFF,
+                      size_t(dim) * eb);
+  };
+  if (G > 0) {
+    nan_rows(hq, P.qs, P.packed_q, P.packed_q ? P.total_q : P.seqlen_q, c.heads_q, dqk);
+    if (!P.paged) {
+      nan_rows(hk, P.ks, P.packed_k, P.packed_k ? P.total_k : P.seqlen_k, c.heads_kv, dqk);
+      nan_rows(hv, P.vs, P.packed_k, P.packed_k ? P.total_k : P.seqlen_k, c.heads_kv, dv);
+    }
   }
   if (c.key_growth > 0 && c.dtype != FA3_DTYPE_E4M3)
     for (int b = 0; b < c.batch; ++b)
       for (int j = 0; j < p.seqlen_k[b]; ++j)
         for (int h = 0; h < c.heads_kv; ++h)
           for (int x = 0; x < dqk; ++x) {
-            uint8_t* e = hk.data() + k_index(b, j, h, x, ks) * eb;
+            uint8_t* e = hk.data() + P.k_index(b, j, h, x) * eb;
             const float f = 1.f + c.key_growth * float(p.seqlen_k[b] - 1 - j) / float(p.seqlen_k[b]);
             store_elem(e, c.dtype, load_elem(e, c.dtype) * f);
           }
@@ -223,19 +453,22 @@ FwdData make_fwd_data(const FwdCase& c) {
     if (c.dtype == FA3_DTYPE_E4M3) return ref::from_e4m3_bits(img[idx]) * scale;
     return load_elem(img.data() + idx * eb, c.dtype);
   };
-  d.in.q.resize(c.batch);
-  d.in.k.resize(c.batch);
-  d.in.v.resize(c.batch);
-  for (int b = 0; b < c.batch; ++b) {
-    auto& q = d.in.q[b];
-    for (int i = 0; i < p.seqlen_q[b]; ++i)
-      for (int h = 0; h < c.heads_q; ++h)
-        for (int x = 0; x < dqk; ++x) q.push_back(value(hq, q_index(b, i, h, x, qs), descale[0]));
-    for (int j = 0; j < p.seqlen_k[b]; ++j)
-      for (int h = 0; h < c.heads_kv; ++h) {
-        for (int x = 0; x < dqk; ++x) d.in.k[b].push_back(value(hk, k_index(b, j, h, x, ks), descale[1]));
-        for (int x = 0; x < dv; ++x) d.in.v[b].push_back(value(hv, k_index(b, j, h, x, vs), descale[2]));
-      }
+  if (reference_inputs) {
+    d.in.q.resize(c.batch);
+    d.in.k.resize(c.batch);
+    d.in.v.resize(c.batch);
+    for (int b = 0; b < c.batch; ++b) {
+      auto& q = d.in.q[b];
+      q.reserve(size_t(p.seqlen_q[b]) * c.heads_q * dqk);
+      for (int i = 0; i < p.seqlen_q[b]; ++i)
+        for (int h = 0; h < c.heads_q; ++h)
+          for (int x = 0; x < dqk; ++x) q.push_back(value(hq, P.q_index(b, i, h, x), descale[0]));
+      for (int j = 0; j < p.seqlen_k[b]; ++j)
+        for (int h = 0; h < c.heads_kv; ++h) {
+          for (int x = 0; x < dqk; ++x) d.in.k[b].push_back(value(hk, P.k_index(b, j, h, x), descale[1]));
+          for (int x = 0; x < dv; ++x) d.in.v[b].push_back(value(hv, P.v_index(b, j, h, x), descale[2]));
+        }
+    }
   }
 
   d.q = DeviceBuffer(hq.size());
@@ -244,38 +477,38 @@ FwdData make_fwd_data(const FwdCase& c) {
   d.k.upload(hk.data(), hk.size());
   d.v = DeviceBuffer(hv.size());
   d.v.upload(hv.data(), hv.size());
-  d.out = DeviceBuffer(o_elems * 2);
-  d.lse = DeviceBuffer(size_t(c.batch) * c.heads_q * std::max(max_sq, total_q) * sizeof(float));
-  a.q = {d.q.get(), qs.batch, qs.row, qs.head};
-  a.k = {d.k.get(), ks.batch, ks.row, ks.head};
-  a.v = {d.v.get(), vs.batch, vs.row, vs.head};
-  a.out = {d.out.get(), os.batch, os.row, os.head};
+  d.out = DeviceBuffer(P.o_elems * 2);
+  d.lse = DeviceBuffer(P.lse_elems * sizeof(float));
+  a.q = {d.q.get(), P.qs.batch, P.qs.row, P.qs.head};
+  a.k = {d.k.get(), P.ks.batch, P.ks.row, P.ks.head};
+  a.v = {d.v.get(), P.vs.batch, P.vs.row, P.vs.head};
+  a.out = {d.out.get(), P.os.batch, P.os.row, P.os.head};
   a.lse = c.with_lse ? static_cast<float*>(d.lse.get()) : nullptr;
-  if (varlen) {
-    std::vector<int> cq(c.batch + 1), ck(c.batch + 1);
-    for (int b = 0; b <= c.batch; ++b) {
-      cq[b] = b < c.batch ? q_row0[b] : total_q;
-      ck[b] = b < c.batch ? k_row0[b] : total_k;
-    }
-    d.cu_q = DeviceBuffer(cq.size() * 4);
-    d.cu_q.upload(cq.data(), cq.size() * 4);
-    a.cu_seqlens_q = static_cast<const int32_t*>(d.cu_q.get());
-    if (!paged) {
-      d.cu_k = DeviceBuffer(ck.size() * 4);
-      d.cu_k.upload(ck.data(), ck.size() * 4);
-      a.cu_seqlens_k = static_cast<const int32_t*>(d.cu_k.get());
-    }
+  auto upload_ints = [](DeviceBuffer& buf, const std::vector<int>& v) {
+    buf = DeviceBuffer(v.size() * 4);
+    buf.upload(v.data(), v.size() * 4);
+    return static_cast<const int32_t*>(buf.get());
+  };
+  auto cu = [&](const std::vector<int>& row0, const std::vector<int>& rows) {
+    std::vector<int> v(row0);
+    v.push_back(row0.back() + rows.back());
+    return v;
+  };
+  if (P.packed_q) {
+    a.cu_seqlens_q = upload_ints(d.cu_q, cu(P.q_row0, P.rows_q));
+    a.total_q = P.total_q;
   }
-  if (paged) {
-    d.page_table = DeviceBuffer(page_table.size() * 4);
-    d.page_table.upload(page_table.data(), page_table.size() * 4);
-    a.page_table = static_cast<const int32_t*>(d.page_table.get());
-    a.page_table_batch_stride = pages_per_seq;
+  if (P.packed_k) {
+    a.cu_seqlens_k = upload_ints(d.cu_k, cu(P.k_row0, P.rows_k));
+    a.total_k = P.total_k;
+  }
+  if (!c.seqused_q.empty()) a.seqused_q = upload_ints(d.seqused_q, P.used_q);
+  if (!c.seqused_k.empty() || P.paged) a.seqused_k = upload_ints(d.seqused_k, P.used_k);
+  if (P.paged) {
+    a.page_table = upload_ints(d.page_table, P.page_table);
+    a.page_table_batch_stride = P.pages_per_seq;
     a.page_size = c.page_size;
-    a.num_pages = num_pages;
-    d.seqused_k = DeviceBuffer(p.seqlen_k.size() * 4);
-    d.seqused_k.upload(p.seqlen_k.data(), p.seqlen_k.size() * 4);
-    a.seqused_k = static_cast<const int32_t*>(d.seqused_k.get());
+    a.num_pages = P.num_pages;
   }
   if (c.dtype == FA3_DTYPE_E4M3) {
     std::vector<float> ds;
@@ -299,38 +532,84 @@ void poison_outputs(FwdData& d) {
   d.lse.fill_bytes(0xFF);  // and 0xFFFFFFFF in fp32
 }
 
-FwdOutputs download_outputs(const FwdData& d) {
-  const auto& a = d.args;
-  const bool varlen = a.cu_seqlens_q != nullptr;
-  std::vector<uint8_t> ho(d.out.bytes());
-  d.out.download(ho.data(), ho.size());
-  std::vector<float> hl(d.lse.bytes() / 4);
-  d.lse.download(hl.data(), d.lse.bytes());
-  FwdOutputs r;
-  int row0 = 0;
-  for (int b = 0; b < a.batch; ++b) {
-    const int sq = d.prob.seqlen_q[b];
-    std::vector<double> o, l;
-    for (int i = 0; i < sq; ++i)
-      for (int h = 0; h < a.heads_q; ++h)
-        for (int x = 0; x < a.head_dim_v; ++x) {
-          const int64_t idx = (varlen ? int64_t(row0 + i) * a.out.row_stride
-                                      : int64_t(b) * a.out.batch_stride + int64_t(i) * a.out.row_stride) +
-                              int64_t(h) * a.out.head_stride + x;
-          o.push_back(load_elem(ho.data() + idx * 2, a.out_dtype));
+StrayWrites find_stray_writes(const FwdPlan& P, const uint16_t* out, size_t out_elems, const uint32_t* lse,
+                              size_t lse_elems) {
+  StrayWrites r;
+  // r.where lists the first 4 stray O elements and the first 2 LSE entries.
+  std::vector<char> owned(out_elems, 0);
+  for (int b = 0; b < P.batch; ++b)
+    for (int i = 0; i < P.used_q[b]; ++i)
+      for (int h = 0; h < P.heads_q; ++h) {
+        const int64_t base = P.o_index(b, i, h, 0);
+        if (base < 0 || base + P.dv > int64_t(out_elems))
+          throw std::logic_error("FwdPlan: O row outside the buffer (harness bug)");
+        for (int x = 0; x < P.dv; ++x) {
+          if (owned[base + x]) throw std::logic_error("FwdPlan: O elements alias (harness bug)");
+          owned[base + x] = 1;
         }
-    for (int h = 0; h < a.heads_q; ++h)
-      for (int i = 0; i < sq; ++i)
-        l.push_back(varlen ? hl[size_t(h) * d.total_q + row0 + i] : hl[(size_t(b) * a.heads_q + h) * a.seqlen_q + i]);
+      }
+  for (size_t i = 0; i < out_elems; ++i)
+    if (!owned[i] && out[i] != 0xFFFFu) {
+      ++r.o;
+      if (r.o <= 4) r.where += (r.where.empty() ? "" : "; ") + P.describe_o(int64_t(i));
+    }
+  std::vector<char> lse_owned(lse_elems, 0);
+  if (P.with_lse)
+    for (int b = 0; b < P.batch; ++b)
+      for (int h = 0; h < P.heads_q; ++h)
+        for (int i = 0; i < P.used_q[b]; ++i) {
+          const int64_t idx = P.lse_index(b, h, i);
+          if (idx < 0 || idx >= int64_t(lse_elems) || lse_owned[idx])
+            throw std::logic_error("FwdPlan: LSE entry outside the buffer or aliased (harness bug)");
+          lse_owned[idx] = 1;
+        }
+  for (size_t i = 0; i < lse_elems; ++i)
+    if (!lse_owned[i] && lse[i] != 0xFFFFFFFFu) {
+      ++r.lse;
+      if (r.lse <= 2) r.where += (r.where.empty() ? "" : "; ") + P.describe_lse(int64_t(i));
+    }
+  if (r.o > 4 || r.lse > 2) r.where += "; ...";
+  return r;
+}
+
+FwdOutputs download_outputs(const FwdData& d) {
+  const FwdPlan& P = d.plan;
+  const fa3_dtype out_dtype = d.args.out_dtype;
+  std::vector<uint16_t> ho(d.out.bytes() / 2);
+  d.out.download(ho.data(), ho.size() * 2);
+  std::vector<uint32_t> hl(d.lse.bytes() / 4);
+  d.lse.download(hl.data(), hl.size() * 4);
+  FwdOutputs r;
+  r.stray = find_stray_writes(P, ho.data(), std::min(ho.size(), P.o_elems), hl.data(), std::min(hl.size(), P.lse_elems));
+  for (int b = 0; b < P.batch; ++b) {
+    const int sq = P.used_q[b];
+    std::vector<double> o, l;
+    o.reserve(size_t(sq) * P.heads_q * P.dv);
+    for (int i = 0; i < sq; ++i)
+      for (int h = 0; h < P.heads_q; ++h)
+        for (int x = 0; x < P.dv; ++x) o.push_back(from_bits16(ho[P.o_index(b, i, h, x)], out_dtype));
+    for (int h = 0; h < P.heads_q; ++h)
+      for (int i = 0; i < sq; ++i) {
+        float f;
+        std::memcpy(&f, &hl[P.lse_index(b, h, i)], 4);
+        l.push_back(f);
+      }
     r.o.push_back(std::move(o));
     r.lse.push_back(std::move(l));
-    row0 += sq;
   }
   return r;
 }
 
 Errors compare(const FwdOutputs& got, const ref::FwdResult& want, bool check_lse) {
   Errors e;
+  e.stray_o = got.stray.o;
+  e.stray_lse = got.stray.lse;
+  e.stray_where = got.stray.where;
+  if (got.o.size() != want.o.size() || got.lse.size() != want.lse.size())
+    throw std::logic_error("compare: got and want have different batch counts");
+  for (size_t b = 0; b < want.o.size(); ++b)
+    if (got.o[b].size() != want.o[b].size() || (check_lse && got.lse[b].size() != want.lse[b].size()))
+      throw std::logic_error("compare: got and want differ in shape at batch " + std::to_string(b));
   double num = 0, den = 0;
   for (size_t b = 0; b < want.o.size(); ++b) {
     for (size_t i = 0; i < want.o[b].size(); ++i) {
@@ -359,10 +638,20 @@ Errors compare(const FwdOutputs& got, const ref::FwdResult& want, bool check_lse
 }
 
 std::string Errors::summary() const {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "rel_fro %.2e, max_abs %.2e (max|ref| %.2f), lse err %.2e, NaN %ld, lse mismatches %ld",
-                rel_fro, max_abs, max_ref, lse_max_err, nan_count, lse_mismatch);
-  return buf;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "rel_fro %.2e, max_abs %.2e (max|ref| %.2f), lse err %.2e, NaN %ld, lse mismatches %ld, "
+                "stray writes O %ld LSE %ld",
+                rel_fro, max_abs, max_ref, lse_max_err, nan_count, lse_mismatch, stray_o, stray_lse);
+  return std::string(buf) + (stray_where.empty() ? "" : " [" + stray_where + "]");
+}
+
+bool is_close(const Errors& e, double rel_tol, std::string* why) {
+  // Written as !(x <= bound) so that a NaN error fails.
+  const bool ok = e.nan_count == 0 && e.rel_fro <= rel_tol && e.max_abs <= 5 * rel_tol * std::max(1.0, e.max_ref) &&
+                  e.lse_mismatch == 0 && e.lse_max_err <= 1e-3 && e.stray_o == 0 && e.stray_lse == 0;
+  if (!ok && why) *why = e.summary();
+  return ok;
 }
 
 void expect_close(const Errors& e, const std::string& what, double rel_tol) {
@@ -371,6 +660,8 @@ void expect_close(const Errors& e, const std::string& what, double rel_tol) {
   EXPECT_LE(e.max_abs, 5 * rel_tol * std::max(1.0, e.max_ref)) << what << ": " << e.summary();
   EXPECT_EQ(e.lse_mismatch, 0) << what << ": " << e.summary();
   EXPECT_LE(e.lse_max_err, 1e-3) << what << ": " << e.summary();
+  EXPECT_EQ(e.stray_o, 0) << what << ": output elements no sequence owns were written: " << e.summary();
+  EXPECT_EQ(e.stray_lse, 0) << what << ": LSE entries no sequence owns were written: " << e.summary();
 }
 
 }  // namespace fa3::test

@@ -53,44 +53,122 @@ struct FwdCase {
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  float softmax_scale = 0.f;  // 0: the default 1/sqrt(head_dim)
   bool with_lse = true;
   Layout layout = Layout::kBSHD;
-  std::vector<int> varlen_q, varlen_k;  // per-batch lengths; empty = fixed lengths
-  int page_size = 0;                    // > 0: paged K/V cache with shuffled pages
+  // Per-sequence lengths; empty = seqlen_q / seqlen_k for every batch entry (dense rows).
+  // varlen_q: Q/O rows packed, cu_seqlens_q (seqlen_q is then ignored: the args get the maximum).
+  // varlen_k: K/V rows packed, cu_seqlens_k; with page_size > 0 instead the keys of each sequence
+  // in its pages, passed as seqused_k (unless seqused_k below is given).
+  std::vector<int> varlen_q, varlen_k;
+  // Per-batch seqused_q / seqused_k (empty = not passed): only the first seqused[b] rows of
+  // sequence b are used (<= its rows: varlen_* [b], else seqlen_*). The reference sees these
+  // lengths, masks align to them, and O/LSE rows past them must stay untouched.
+  // cu_seqlens_q with dense K: varlen_q + seqused_k, varlen_k empty.
+  std::vector<int> seqused_q, seqused_k;
+  // > 0: poisoned rows no sequence owns. Packed Q/O (K/V): total_q = cu_seqlens_q[batch] +
+  // guard_rows (rows inside the tensor after the last sequence; Q/K/V there finite) and guard_rows
+  // more allocated past total_q (Q/K/V there NaN: never read). Dense: guard_rows NaN rows after
+  // every batch entry's seqlen rows (BHSD: after every head's). O there, in rows past seqused_q, in
+  // row padding and past the end must keep the 0xFF poison, like LSE entries nobody owns.
+  int guard_rows = 0;
+  int page_size = 0;  // > 0: paged K/V cache with shuffled pages
   // > 0: key j's row scaled by 1 + key_growth * (seqlen_k - 1 - j) / seqlen_k, so that the kernels'
   // row maxima grow block after block (they walk the keys from the last): running-max rescales.
   float key_growth = 0.f;
   std::string name() const;
+  // Every field as C++ assignments ("c.batch = 3; ..."): pasted into a test, it rebuilds the case.
+  std::string repro() const;
 };
+
+// Where every logical element of a case lives in its device buffers: host-only (no CUDA call),
+// so the harness itself can be tested without a GPU. make_fwd_data allocates and fills by it.
+struct FwdPlan {
+  struct Strides {
+    int64_t batch = 0, row = 0, head = 0;
+  };
+  int batch = 0, heads_q = 0, heads_kv = 0, dqk = 0, dv = 0;
+  bool packed_q = false, packed_k = false, paged = false, with_lse = true;
+  std::vector<int> rows_q, rows_k;    // per sequence: rows in memory (packed length, or seqlen)
+  std::vector<int> used_q, used_k;    // per sequence: rows the attention uses (seqused, else rows)
+  std::vector<int> q_row0, k_row0;    // first packed row of each sequence (0 when dense)
+  int seqlen_q = 0, seqlen_k = 0;     // the args' seqlen_q / seqlen_k
+  int total_q = 0, total_k = 0;       // packed: declared rows (>= 1); dense: 0
+  int rows_alloc_q = 0, rows_alloc_k = 0;  // rows per layout block (packed: total + guard rows)
+  int guard_rows = 0;
+  Strides qs, os, ks, vs;
+  size_t q_elems = 0, o_elems = 0, k_elems = 0, v_elems = 0, lse_elems = 0;
+  int page_size = 0, pages_per_seq = 0, num_pages = 0;
+  std::vector<int> page_table;  // [batch][pages_per_seq], shuffled pages
+
+  int64_t q_index(int b, int i, int h, int x) const { return row_index(packed_q, q_row0, qs, b, i, h, x); }
+  int64_t o_index(int b, int i, int h, int x) const { return row_index(packed_q, q_row0, os, b, i, h, x); }
+  int64_t k_index(int b, int j, int h, int x) const { return kv_index(ks, b, j, h, x); }
+  int64_t v_index(int b, int j, int h, int x) const { return kv_index(vs, b, j, h, x); }
+  int64_t lse_index(int b, int h, int i) const {
+    return packed_q ? int64_t(h) * total_q + q_row0[b] + i : (int64_t(b) * heads_q + h) * seqlen_q + i;
+  }
+  // Where an element offset of O / an LSE entry lies ("packed row 12 (past total_q 12) head 0 x 3").
+  std::string describe_o(int64_t offset) const;
+  std::string describe_lse(int64_t offset) const;
+
+ private:
+  static int64_t row_index(bool packed, const std::vector<int>& row0, const Strides& s, int b, int i, int h, int x) {
+    return packed ? int64_t(row0[b] + i) * s.row + int64_t(h) * s.head + x
+                  : int64_t(b) * s.batch + int64_t(i) * s.row + int64_t(h) * s.head + x;
+  }
+  int64_t kv_index(const Strides& s, int b, int j, int h, int x) const;
+};
+
+// Throws std::invalid_argument when the case is inconsistent (lengths per batch, seqused > rows).
+FwdPlan plan_fwd(const FwdCase& c);
 
 // Inputs on host (logical, as the reference wants them) and on device (in the case's layout),
 // plus the argument struct that points at them. Outputs are poisoned with NaN.
 struct FwdData {
   FwdCase c;
+  FwdPlan plan;
   ref::Problem prob;
-  ref::Inputs in;
+  ref::Inputs in;  // empty when make_fwd_data was told no reference inputs are needed
   FwdArgs args;
-  DeviceBuffer q, k, v, out, lse, cu_q, cu_k, seqused_k, page_table, descale;
-  int total_q = 0;
+  DeviceBuffer q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k, page_table, descale;
+  int total_q = 0;  // = plan.total_q
 };
 
-FwdData make_fwd_data(const FwdCase& c);
+// reference_inputs = false skips the logical host copies (d.in) for oracle-only comparisons.
+FwdData make_fwd_data(const FwdCase& c, bool reference_inputs = true);
 void poison_outputs(FwdData& d);
+
+// Writes outside what the sequences own: O elements (rows past seqused_q, between and after the
+// packed sequences, guard rows, row padding, past the end) and LSE entries whose bits are no longer
+// the 0xFF.. poison.
+struct StrayWrites {
+  long o = 0, lse = 0;
+  std::string where;  // the first few, located
+};
+// out: the O buffer's 16-bit words (out_elems of them), lse: the LSE buffer's 32-bit words.
+StrayWrites find_stray_writes(const FwdPlan& plan, const uint16_t* out, size_t out_elems, const uint32_t* lse,
+                              size_t lse_elems);
 
 struct FwdOutputs {
   std::vector<std::vector<double>> o, lse;  // same layouts as ref::FwdResult
+  StrayWrites stray;                        // checked by compare / expect_close
 };
 FwdOutputs download_outputs(const FwdData& d);
 
 struct Errors {
   double rel_fro = 0, max_abs = 0, max_ref = 0, lse_max_err = 0;
   long nan_count = 0, lse_mismatch = 0;
+  long stray_o = 0, stray_lse = 0;  // of "got": writes where no sequence owns the element
+  std::string stray_where;
   std::string summary() const;
 };
 Errors compare(const FwdOutputs& got, const ref::FwdResult& want, bool check_lse);
 
 // The tolerance every 16-bit forward is held to (METHOD.md: bf16 relative error <= 1e-2 vs double),
-// plus an element-wise guard so a few wrong rows cannot hide in the norm.
+// plus an element-wise guard so a few wrong rows cannot hide in the norm, and no stray writes.
+// is_close says why not in *why (when given); expect_close is its gtest form.
+bool is_close(const Errors& e, double rel_tol = 1e-2, std::string* why = nullptr);
 void expect_close(const Errors& e, const std::string& what, double rel_tol = 1e-2);
 
 }  // namespace fa3::test

@@ -2,6 +2,14 @@
 // reference, and against the GPU oracle at sizes the CPU reference would take too long for.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "src/api/dispatch.h"
 #include "tests/gpu_util.h"
 
@@ -9,13 +17,18 @@ namespace fa3::test {
 namespace {
 
 // Runs fa3::forward on fresh random inputs; checks against the CPU reference, or (use_oracle)
-// against the oracle kernel on the same inputs.
+// against the oracle kernel on the same inputs. Either way every output element and LSE entry that
+// no sequence owns must keep its poison (compare counts them as stray writes).
 void run_fwd_case(const FwdCase& c, bool expect_hopper = true, bool use_oracle = false) {
   SCOPED_TRACE(c.name());
-  FwdData d = make_fwd_data(c);
+  FwdData d = make_fwd_data(c, /*reference_inputs=*/!use_oracle);
+  const Status valid = fa3::validate(d.args);
+  ASSERT_TRUE(valid.ok()) << "the harness built invalid arguments: " << valid.message();
   const char* kernel = nullptr;
   ASSERT_TRUE(fa3::kernel_name(d.args, &kernel).ok());
-  if (expect_hopper) EXPECT_STREQ(kernel, "hopper") << "this case should run on the Hopper kernel";
+  if (expect_hopper) {
+    EXPECT_STREQ(kernel, "hopper") << "this case should run on the Hopper kernel";
+  }
   const Status st = fa3::forward(d.args);
   ASSERT_TRUE(st.ok()) << st.message();
   FA3_CUDA_CHECK(cudaDeviceSynchronize());
@@ -29,10 +42,101 @@ void run_fwd_case(const FwdCase& c, bool expect_hopper = true, bool use_oracle =
   ASSERT_TRUE(detail::oracle_fwd(detail::make_problem(d.args), nullptr).ok());
   FA3_CUDA_CHECK(cudaDeviceSynchronize());
   const FwdOutputs oracle = download_outputs(d);
+  EXPECT_EQ(oracle.stray.o + oracle.stray.lse, 0) << "the oracle wrote where no sequence owns: " << oracle.stray.where;
   ref::FwdResult want;
   want.o = oracle.o;
   want.lse = oracle.lse;
   expect_close(compare(got, want, c.with_lse), c.name() + " vs oracle");
+}
+
+// The implementation fa3::kernel_name picks for the case's arguments.
+std::string kernel_of(const FwdCase& c) {
+  FwdData d = make_fwd_data(c, false);
+  const char* kernel = nullptr;
+  const Status st = fa3::kernel_name(d.args, &kernel);
+  return st.ok() ? std::string(kernel) : "error: " + st.message();
+}
+
+// Per-sequence lengths drawn from rng() (the seed printed at start reproduces them).
+std::vector<int> random_lengths(int n, int lo, int hi) {
+  std::uniform_int_distribution<int> len(lo, hi);
+  std::vector<int> v(n);
+  for (auto& x : v) x = len(rng());
+  return v;
+}
+
+// ------------------------------------------------------- every instantiation ----
+
+// The instantiations CMakeLists.txt generates, by name (fwd_<dtype>_<tile>_m<masked>_s<softcap>_v<varlen>).
+const std::vector<std::string>& instantiation_registry() {
+  static const std::vector<std::string> names = {
+#include "instantiations/registry.inc"
+  };
+  return names;
+}
+
+// A problem that fwd_dispatch.cpp sends to instantiation `name`: the tile's head dims, its mask
+// (causal), softcap, varlen, and lengths on the side of use_alt_tile()'s thresholds (fwd_config.h)
+// that the tile serves. Lengths stay off tile multiples.
+FwdCase case_for_instantiation(const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  FwdCase c;
+  c.dtype = has("_fp16_") ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+  const bool masked = has("_mtrue"), softcap = has("_strue"), varlen = has("_vtrue"), alt = has("alt_");
+  const size_t d0 = name.find("_d") + 2;
+  c.head_dim = std::stoi(name.substr(d0));
+  if (has("v128_")) c.head_dim_v = 128;
+  c.causal = masked;
+  if (softcap) c.softcap = 30.f;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.seqlen_q = 300;
+  c.seqlen_k = 517;
+  if (varlen) {
+    c.batch = 3;
+    c.varlen_q = {300, 0, 129};
+    c.varlen_k = {517, 77, 129};
+  } else if (c.head_dim == 64 && masked && !alt) {
+    c.seqlen_q = c.seqlen_k = 2100;  // the 192-row tile: masked problems from 2k queries
+  } else if (c.head_dim == 96 && alt) {
+    c.seqlen_k = 2100;  // d96's 192-row tile: from 2k keys
+  } else if ((c.head_dim == 128 && masked && alt) || (c.head_dim == 256 && !alt)) {
+    c.seqlen_k = 4200;  // d128's masked 192x80 tile, d256's 80-key tile: from 4k keys
+  }
+  return c;
+}
+
+// Every instantiation, reached by name and checked against the double reference (the oracle for
+// the longer cases): none is covered only by chance of a length threshold.
+TEST(FwdGpu, EveryInstantiationByName) {
+  const auto& names = instantiation_registry();
+  ASSERT_GE(names.size(), 50u);
+  for (const std::string& name : names) {  // the dispatch reads sizes and flags only: no GPU needed
+    SCOPED_TRACE(name);
+    const FwdCase c = case_for_instantiation(name);
+    FwdArgs a;
+    a.dtype = a.out_dtype = c.dtype;
+    a.batch = c.batch;
+    a.heads_q = c.heads_q;
+    a.heads_kv = c.heads_kv;
+    a.head_dim_qk = c.head_dim;
+    a.head_dim_v = c.head_dim_v ? c.head_dim_v : c.head_dim;
+    a.seqlen_q = c.varlen_q.empty() ? c.seqlen_q : *std::max_element(c.varlen_q.begin(), c.varlen_q.end());
+    a.seqlen_k = c.varlen_k.empty() ? c.seqlen_k : *std::max_element(c.varlen_k.begin(), c.varlen_k.end());
+    a.causal = c.causal;
+    a.softcap = c.softcap;
+    static const int32_t kSomeArray[1] = {0};
+    if (!c.varlen_q.empty()) a.cu_seqlens_q = a.cu_seqlens_k = kSomeArray;
+    std::string reached;
+    ASSERT_TRUE(detail::hopper_fwd_instance(detail::make_problem(a), &reached).ok());
+    EXPECT_EQ(reached, name) << "case_for_instantiation does not reach it";
+  }
+  FA3_REQUIRE_GPU();
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    const FwdCase c = case_for_instantiation(name);
+    run_fwd_case(c, true, /*use_oracle=*/c.seqlen_k > 2000);
+  }
 }
 
 TEST(FwdGpu, EveryHeadDimBothDtypesCausalAndNot) {
@@ -177,15 +281,537 @@ TEST(FwdGpu, RowsWithoutKeysAndNoLse) {
   run_fwd_case(c);
 }
 
-TEST(FwdGpu, FallbackFeaturesUseOracle) {
+// ------------------------------------------------ the harness's own checks (no GPU) ----
+
+// The stray-write check on host images: what a correct kernel writes passes, and a single write
+// into any element no sequence owns (past seqused, between or after the packed sequences, guard
+// rows, row padding, unowned LSE entries, any LSE entry without lse) is caught.
+TEST(FwdHarness, StrayWriteCheckCatchesEveryUnownedElement) {
+  std::vector<FwdCase> cases;
+  for (Layout layout : {Layout::kBSHD, Layout::kBSHDPadded, Layout::kBHSD}) {
+    FwdCase c;
+    c.layout = layout;
+    c.batch = 3;
+    c.head_dim = 16;
+    c.head_dim_v = 8;
+    c.heads_q = 2;
+    c.heads_kv = 1;
+    c.varlen_q = {5, 0, 7};
+    c.varlen_k = {3, 4, 0};
+    c.seqused_q = {4, 0, 7};
+    c.guard_rows = 3;
+    cases.push_back(c);
+    c.varlen_q.clear();  // dense rows: seqused gaps and guard rows after every batch entry
+    c.seqlen_q = 6;
+    c.seqused_q = {6, 0, 2};
+    cases.push_back(c);
+    c.with_lse = false;
+    cases.push_back(c);
+  }
+  for (const FwdCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    const FwdPlan p = plan_fwd(c);
+    std::vector<uint16_t> out(p.o_elems, 0xFFFF);
+    std::vector<uint32_t> lse(p.lse_elems, 0xFFFFFFFFu);
+    long owned_o = 0, owned_lse = 0;
+    for (int b = 0; b < c.batch; ++b)
+      for (int i = 0; i < p.used_q[b]; ++i)
+        for (int h = 0; h < c.heads_q; ++h) {
+          for (int x = 0; x < p.dv; ++x, ++owned_o) out[p.o_index(b, i, h, x)] = 0x3f80;
+          if (c.with_lse) lse[p.lse_index(b, h, i)] = 0, ++owned_lse;
+        }
+    auto strays = [&] { return find_stray_writes(p, out.data(), out.size(), lse.data(), lse.size()); };
+    StrayWrites r = strays();
+    EXPECT_EQ(r.o, 0) << r.where;
+    EXPECT_EQ(r.lse, 0) << r.where;
+    // Every other element, one at a time.
+    long unowned_o = 0, unowned_lse = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i] != 0xFFFF) continue;
+      ++unowned_o;
+      out[i] = 0;
+      r = strays();
+      EXPECT_EQ(r.o, 1) << "offset " << i;
+      EXPECT_FALSE(r.where.empty());
+      out[i] = 0xFFFF;
+    }
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (lse[i] != 0xFFFFFFFFu) continue;
+      ++unowned_lse;
+      lse[i] = 0;
+      EXPECT_EQ(strays().lse, 1) << "entry " << i;
+      lse[i] = 0xFFFFFFFFu;
+    }
+    EXPECT_EQ(unowned_o + owned_o, long(out.size()));
+    EXPECT_EQ(unowned_lse + owned_lse, long(lse.size()));
+    EXPECT_GT(unowned_o, 0);
+    // The spill of an epilogue that writes one row too many lands in an unowned row and is named.
+    const int last = c.batch - 1;
+    out[p.o_index(last, p.used_q[last], 0, 0)] = 0;
+    r = strays();
+    EXPECT_EQ(r.o, 1);
+    EXPECT_NE(r.where.find("row"), std::string::npos) << r.where;
+    // ... and fails the comparison even where every owned value is right.
+    FwdOutputs got;
+    got.stray = r;
+    got.o.assign(c.batch, {});
+    got.lse.assign(c.batch, {});
+    EXPECT_FALSE(is_close(compare(got, ref::FwdResult{got.o, got.lse}, true)));
+  }
+}
+
+TEST(FwdHarness, PlanFollowsTheApiLayouts) {
+  FwdCase c;
+  c.batch = 3;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.head_dim_v = 32;
+  c.varlen_q = {5, 0, 7};
+  c.varlen_k = {3, 9, 0};
+  c.guard_rows = 4;
+  FwdPlan p = plan_fwd(c);
+  EXPECT_EQ(p.total_q, 12 + 4);  // cu_seqlens_q[batch] + guard rows inside the tensor
+  EXPECT_EQ(p.total_k, 12 + 4);
+  EXPECT_EQ(p.seqlen_q, 7);  // the longest sequence
+  EXPECT_EQ(p.seqlen_k, 9);
+  EXPECT_EQ(p.q_row0, (std::vector<int>{0, 5, 5}));
+  EXPECT_EQ(p.lse_index(2, 3, 1), 3 * p.total_q + 5 + 1);  // [heads_q, total_q]
+  EXPECT_EQ(p.o_index(2, 1, 3, 2), (5 + 1) * 4 * 32 + 3 * 32 + 2);
+  EXPECT_GE(p.o_elems, size_t(p.total_q + 4) * 4 * 32);  // guard rows past total_q allocated too
+  c.varlen_q = {0, 0, 0};
+  c.guard_rows = 0;
+  EXPECT_EQ(plan_fwd(c).total_q, 1);  // the API wants total_q >= 1 even with no rows
+  c = FwdCase();
+  c.batch = 2;
+  c.seqlen_q = 10;
+  c.seqused_q = {3, 11};  // more than its rows
+  EXPECT_THROW(plan_fwd(c), std::invalid_argument);
+  c.seqused_q = {3};  // not one per batch entry
+  EXPECT_THROW(plan_fwd(c), std::invalid_argument);
+}
+
+// ----------------------------------------------------------------- softcap ----
+
+TEST(FwdGpu, SoftcapOnHopper) {
+  FA3_REQUIRE_GPU();
+  for (int dim : {64, 128, 256})
+    for (float cap : {5.f, 30.f, 50.f})
+      for (bool causal : {false, true}) {
+        FwdCase c;
+        c.dtype = dim == 128 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+        c.head_dim = dim;
+        c.softcap = cap;
+        c.causal = causal;
+        c.seqlen_q = 300;
+        c.seqlen_k = 517;
+        run_fwd_case(c);
+      }
+  // Longer rows (several key blocks, the running max under the cap), a window, GQA, a tiny cap
+  // that flattens every score, and a scale large enough that the cap matters for every score.
+  for (bool causal : {false, true}) {
+    FwdCase c;
+    c.head_dim = 128;
+    c.softcap = 30.f;
+    c.causal = causal;
+    c.seqlen_q = c.seqlen_k = 2100;
+    c.heads_q = c.heads_kv = 1;
+    run_fwd_case(c);
+  }
+  FwdCase c;
+  c.head_dim = 64;
+  c.heads_q = 16;
+  c.heads_kv = 2;
+  c.seqlen_q = 700;
+  c.seqlen_k = 900;
+  c.window_left = 100;
+  c.window_right = 20;
+  c.softcap = 50.f;
+  run_fwd_case(c);
+  c.softcap = 0.5f;
+  run_fwd_case(c);
+  c.softcap = 5.f;
+  c.softmax_scale = 1.f;
+  c.window_left = c.window_right = -1;
+  c.causal = true;
+  run_fwd_case(c);
+  // Rows that see no key (causal, seqlen_q > seqlen_k) under softcap, whose d <= 128 kernels take
+  // half their exponentials on the FMA pipe (tiny values for hidden scores, not 0): O = 0 and LSE
+  // = -inf still; and growing row maxima (the stale-max fallback) with those exponentials.
+  for (int dim : {64, 128}) {
+    FwdCase e;
+    e.head_dim = dim;
+    e.softcap = 20.f;
+    e.causal = true;
+    e.seqlen_q = 1000;
+    e.seqlen_k = 300;
+    run_fwd_case(e);
+    e.seqlen_q = e.seqlen_k = 1000;
+    e.key_growth = 32.f;
+    e.softcap = 200.f;  // wide enough for the growth to show through the cap
+    run_fwd_case(e);
+  }
+}
+
+// ---------------------------------------------------------- head-dim pairs ----
+
+TEST(FwdGpu, HeadDimPairsOnHopper) {
+  FA3_REQUIRE_GPU();
+  const std::pair<int, int> pairs[] = {{192, 128}, {128, 64}, {64, 128}, {256, 128}, {96, 64},  {40, 200},
+                                       {128, 256}, {256, 64}, {64, 256}, {8, 256},   {256, 8},  {192, 64},
+                                       {72, 136},  {128, 96}, {160, 248}, {96, 192}, {248, 16}, {16, 8}};
+  int n = 0;
+  for (auto [dqk, dv] : pairs)
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.dtype = n++ % 3 == 2 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.causal = causal;
+      c.seqlen_q = 200;
+      c.seqlen_k = 333;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      run_fwd_case(c);
+    }
+  // The dedicated d_qk 192 / d_v 128 kernel over several blocks, masked and not, and with GQA + window.
+  for (fa3_dtype t : {FA3_DTYPE_BF16, FA3_DTYPE_FP16})
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.dtype = t;
+      c.head_dim = 192;
+      c.head_dim_v = 128;
+      c.causal = causal;
+      c.seqlen_q = 2100;
+      c.seqlen_k = 2600;
+      c.heads_q = c.heads_kv = 1;
+      run_fwd_case(c);
+    }
+  FwdCase c;
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.seqlen_q = c.seqlen_k = 8192;
+  c.heads_q = 16;
+  c.heads_kv = 2;
+  c.window_left = 1000;
+  c.window_right = 0;
+  run_fwd_case(c, true, true);
+  c.window_left = -1;
+  c.causal = true;
+  c.key_growth = 32.f;
+  c.seqlen_q = c.seqlen_k = 2100;
+  c.heads_q = c.heads_kv = 1;
+  run_fwd_case(c);
+}
+
+// ----------------------------------------------------------------- varlen ----
+
+// Packed Q/O and K/V (cu_seqlens_q/k) with lengths 0, 1, 17, tile edges and s_q != s_k within a
+// sequence; every mask; GQA 8:1 and MQA; guard rows around and after the packed rows.
+TEST(FwdGpu, VarlenPackedAgainstCpu) {
+  FA3_REQUIRE_GPU();
+  struct Lens {
+    std::vector<int> q, k;
+  };
+  const Lens lens[] = {
+      {{0, 1, 17, 128, 129, 300}, {5, 0, 1000, 17, 129, 700}},
+      {{1000, 0, 64, 1}, {17, 300, 0, 1000}},
+      {{255, 257, 191, 193}, {257, 255, 193, 191}},
+  };
+  const std::pair<int, int> windows[] = {{-1, -1}, {100, 0}, {30, 30}, {-1, 20}, {50, -1}};
+  int n = 0;
+  for (const Lens& l : lens)
+    for (int dim : {64, 128})
+      for (bool causal : {false, true})
+        for (auto [hq, hkv] : {std::pair{16, 2}, std::pair{4, 1}}) {
+          FwdCase c;
+          c.batch = static_cast<int>(l.q.size());
+          c.varlen_q = l.q;
+          c.varlen_k = l.k;
+          c.head_dim = dim;
+          c.heads_q = hq;
+          c.heads_kv = hkv;
+          c.causal = causal;
+          if (!causal) std::tie(c.window_left, c.window_right) = windows[n % 5];
+          c.guard_rows = n % 2 ? 77 : 0;
+          c.dtype = n % 4 == 3 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+          ++n;
+          run_fwd_case(c);
+        }
+  // The other head dims, layouts, softcap and unequal head dims, packed.
+  for (auto [dqk, dv] : {std::pair{96, 96}, std::pair{256, 256}, std::pair{192, 128}, std::pair{40, 200}})
+    for (Layout layout : {Layout::kBSHDPadded, Layout::kBHSD}) {
+      FwdCase c;
+      c.batch = 5;
+      c.varlen_q = {17, 0, 200, 1, 129};
+      c.varlen_k = {300, 40, 0, 1, 129};
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.layout = layout;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.causal = dqk == 192;
+      c.softcap = dqk == 96 ? 20.f : 0.f;
+      c.guard_rows = 50;
+      run_fwd_case(c);
+    }
+}
+
+TEST(FwdGpu, VarlenLongAgainstOracle) {
+  FA3_REQUIRE_GPU();
+  const std::vector<int> q = {4097, 0, 1000, 5000, 1, 17}, k = {4097, 300, 5000, 1000, 4097, 0};
+  int n = 0;
+  for (auto [dqk, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 128}, std::pair{256, 256}})
+    for (int mask = 0; mask < 3; ++mask) {
+      FwdCase c;
+      c.dtype = n++ % 2 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+      c.batch = static_cast<int>(q.size());
+      c.varlen_q = q;
+      c.varlen_k = k;
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.heads_q = dqk <= 128 ? 16 : 8;
+      c.heads_kv = dqk == 128 ? 1 : 2;  // MQA 16:1, GQA 8:1 and 4:1
+      c.causal = mask == 1;
+      if (mask == 2) c.window_left = 500, c.window_right = 64;
+      c.softcap = dqk == 64 ? 30.f : 0.f;
+      c.guard_rows = 200;
+      run_fwd_case(c, true, true);
+    }
+}
+
+// Many short sequences (up to 256, about a tenth of them empty): the scheduler's walk over
+// sequences and every tile's clipping to its own sequence.
+TEST(FwdGpu, VarlenManySequences) {
+  FA3_REQUIRE_GPU();
+  for (int batch : {100, 256})
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.batch = batch;
+      c.varlen_q = random_lengths(batch, 0, batch == 100 ? 40 : 300);
+      c.varlen_k = random_lengths(batch, 0, batch == 100 ? 40 : 300);
+      for (int b = 0; b < batch; b += 10) c.varlen_q[b] = 0;
+      for (int b = 5; b < batch; b += 10) c.varlen_k[b] = 0;
+      c.heads_q = 8;
+      c.heads_kv = 1;
+      c.head_dim = batch == 100 ? 64 : 128;
+      c.causal = causal;
+      c.guard_rows = 64;
+      run_fwd_case(c, true, /*use_oracle=*/batch == 256);
+    }
+}
+
+// Sequences of no rows write nothing; rows without any key write O = 0 and LSE = -inf.
+TEST(FwdGpu, ZeroLengthSequences) {
+  FA3_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    FwdCase c;
+    c.causal = causal;
+    c.batch = 3;
+    c.varlen_q = {0, 0, 0};  // no query at all: total_q is only the guard rows (or 1)
+    c.varlen_k = {10, 0, 5};
+    c.guard_rows = 0;
+    run_fwd_case(c);
+    c.guard_rows = 130;
+    run_fwd_case(c);
+    c.varlen_q = {5, 130, 1};  // queries, but no key anywhere
+    c.varlen_k = {0, 0, 0};
+    run_fwd_case(c);
+    c.varlen_q = {0, 300, 0};
+    c.varlen_k = {300, 0, 1};
+    run_fwd_case(c);
+  }
+}
+
+// Strides, unequal head dims, softcap and windows together on packed rows.
+TEST(FwdGpu, VarlenWithEveryFeature) {
+  FA3_REQUIRE_GPU();
+  int n = 0;
+  for (Layout layout : {Layout::kBSHD, Layout::kBSHDPadded, Layout::kBHSD})
+    for (auto [dqk, dv] : {std::pair{192, 128}, std::pair{128, 64}, std::pair{64, 256}}) {
+      FwdCase c;
+      c.layout = layout;
+      c.dtype = n % 2 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.batch = 4;
+      c.varlen_q = {333, 1, 0, 700};
+      c.varlen_k = {517, 900, 3, 700};
+      c.heads_q = 8;
+      c.heads_kv = n % 2 ? 1 : 4;
+      c.softcap = n % 2 ? 15.f : 0.f;
+      c.causal = n % 3 == 0;
+      if (!c.causal) c.window_left = 128, c.window_right = n % 2 ? 0 : 70;
+      c.guard_rows = 129;
+      c.with_lse = n != 4;
+      ++n;
+      run_fwd_case(c);
+    }
+}
+
+// -------------------------------------------------------------- seqused ----
+
+TEST(FwdGpu, SequsedOnHopper) {
+  FA3_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "no mask");
+    // Dense rows, seqused_q only: rows past it stay untouched; masks align to the used lengths.
+    FwdCase c;
+    c.causal = causal;
+    c.batch = 3;
+    c.seqlen_q = 300;
+    c.seqlen_k = 400;
+    c.seqused_q = {0, 300, 129};
+    run_fwd_case(c);
+    // Dense, seqused_k only (0: no key, O = 0).
+    c = FwdCase();
+    c.causal = causal;
+    c.batch = 3;
+    c.seqlen_q = 300;
+    c.seqlen_k = 400;
+    c.seqused_k = {1, 400, 0};
+    c.heads_q = 8;
+    c.heads_kv = 1;
+    run_fwd_case(c);
+    // Dense, both, with guard rows after every batch entry, GQA and a window.
+    c.seqused_q = {17, 0, 300};
+    c.seqused_k = {400, 129, 255};
+    c.guard_rows = 50;
+    c.heads_kv = 2;
+    c.window_left = causal ? 64 : 100;
+    c.window_right = causal ? -1 : 30;
+    c.layout = Layout::kBHSD;
+    run_fwd_case(c);
+    // Packed rows plus seqused_q and seqused_k.
+    c = FwdCase();
+    c.causal = causal;
+    c.batch = 3;
+    c.varlen_q = {100, 0, 513};
+    c.seqused_q = {50, 0, 513};
+    c.varlen_k = {300, 17, 600};
+    c.seqused_k = {300, 0, 257};
+    c.head_dim = 64;
+    c.guard_rows = 100;
+    run_fwd_case(c);
+    // cu_seqlens_q with dense K and seqused_k (the decoding-cache layout without pages).
+    c = FwdCase();
+    c.causal = causal;
+    c.batch = 4;
+    c.varlen_q = {17, 1000, 0, 256};
+    c.seqlen_k = 1200;
+    c.seqused_k = {1200, 5, 0, 700};
+    c.heads_q = 16;
+    c.heads_kv = 2;
+    c.guard_rows = 33;
+    run_fwd_case(c);
+    // ... and seqused_q on top, other head dims, padded rows.
+    c.seqused_q = {1, 999, 0, 128};
+    c.head_dim = 192;
+    c.head_dim_v = 128;
+    c.layout = Layout::kBSHDPadded;
+    run_fwd_case(c);
+    // cu_seqlens_k with dense queries (and seqused_q).
+    c = FwdCase();
+    c.causal = causal;
+    c.batch = 3;
+    c.seqlen_q = 200;
+    c.varlen_k = {0, 1000, 129};
+    c.seqused_q = {200, 7, 0};
+    c.guard_rows = 20;
+    run_fwd_case(c);
+  }
+  // A long dense batch with seqused against the oracle.
+  FwdCase c;
+  c.batch = 2;
+  c.seqlen_q = c.seqlen_k = 5000;
+  c.seqused_q = {4097, 1000};
+  c.seqused_k = {5000, 4097};
+  c.heads_q = 16;
+  c.heads_kv = 2;
+  c.causal = true;
+  c.guard_rows = 128;
+  run_fwd_case(c, true, true);
+}
+
+// --------------------------------------------------- guard rows and stray writes ----
+
+// Tile edges of every tile height (64, 128, 192 rows): each sequence's last tile reaches into the
+// next sequence or the guard rows, which only the epilogue's row clipping keeps clean.
+TEST(FwdGpu, GuardRowsCatchSpills) {
+  FA3_REQUIRE_GPU();
+  const std::vector<int> q = {1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 257};
+  for (auto [dqk, dv] : {std::pair{64, 64}, std::pair{96, 96}, std::pair{128, 128}, std::pair{192, 128}, std::pair{256, 256}})
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.batch = static_cast<int>(q.size());
+      c.varlen_q = q;
+      c.varlen_k.assign(q.rbegin(), q.rend());
+      c.seqused_q = q;
+      for (int b = 0; b < c.batch; b += 3) c.seqused_q[b] = q[b] / 2;  // rows past seqused inside a sequence
+      c.causal = causal;
+      c.heads_q = 2;
+      c.heads_kv = 1;
+      c.guard_rows = 300;
+      run_fwd_case(c);
+    }
+}
+
+// The poison check itself catches a single write into rows no sequence owns (a real run first:
+// nothing stray; then one element of a guard row, of a row past seqused_q, and of an LSE entry).
+TEST(FwdGpu, PoisonCheckCatchesOneStrayElement) {
   FA3_REQUIRE_GPU();
   FwdCase c;
-  c.softcap = 10.f;
+  c.batch = 3;
+  c.varlen_q = {100, 0, 70};
+  c.varlen_k = {90, 10, 300};
+  c.seqused_q = {60, 0, 70};
+  c.guard_rows = 10;
+  FwdData d = make_fwd_data(c, false);
+  ASSERT_TRUE(fa3::forward(d.args).ok());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(download_outputs(d).stray.o, 0);
+  EXPECT_EQ(download_outputs(d).stray.lse, 0);
+  const uint16_t one = 0x3f80;  // bf16 1.0
+  const int64_t offsets[] = {d.plan.o_index(2, 70, 1, 5),   // after the last sequence, inside total_q
+                             d.plan.o_index(0, 60, 0, 0),   // past seqused_q of sequence 0
+                             int64_t(d.plan.total_q) * d.plan.os.row};  // past total_q
+  for (int64_t off : offsets) {
+    FA3_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(d.out.get()) + off, &one, 2, cudaMemcpyHostToDevice));
+    const FwdOutputs got = download_outputs(d);
+    EXPECT_EQ(got.stray.o, 1) << got.stray.where;
+    EXPECT_FALSE(is_close(compare(got, ref::FwdResult{got.o, got.lse}, true)));
+    const uint16_t poison = 0xFFFF;
+    FA3_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(d.out.get()) + off, &poison, 2, cudaMemcpyHostToDevice));
+  }
+  const float zero = 0.f;
+  FA3_CUDA_CHECK(cudaMemcpy(static_cast<float*>(d.lse.get()) + d.plan.lse_index(0, 1, 60), &zero, 4,
+                            cudaMemcpyHostToDevice));
+  EXPECT_EQ(download_outputs(d).stray.lse, 1);
+}
+
+// ------------------------------------------------- what stays on reference-gpu ----
+
+TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
+  FA3_REQUIRE_GPU();
+  FwdCase c;
+  c.dtype = FA3_DTYPE_E4M3;  // fp8
+  c.seqlen_q = 200;
+  c.seqlen_k = 300;
+  c.causal = true;
+  EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
   run_fwd_case(c, /*expect_hopper=*/false);
   c = FwdCase();
   c.batch = 2;
   c.varlen_q = {100, 3};
   c.varlen_k = {50, 260};
+  c.page_size = 64;  // paged K/V
+  EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
+  run_fwd_case(c, false);
+  c = FwdCase();
+  c.softmax_scale = -0.1f;  // negative scale
+  EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
   run_fwd_case(c, false);
 }
 

@@ -59,12 +59,12 @@ __global__ void tma_round_trip(const __grid_constant__ CUtensorMap in, const __g
     for (int p = 0; p < 2; ++p) tma_load_4d(tile + p * kRows * 128, &in, p * 64, m * kRows, h, b, &bar);
   }
   mbarrier_wait(&bar, 0);
-  // Plain reads via swizzled_offset16 must see the tensor's element (r, c).
+  // Plain reads via swizzled_offset<2> must see the tensor's element (r, c).
   for (int idx = threadIdx.x; idx < kRows * kCols; idx += blockDim.x) {
     const int r = idx / kCols, c = idx % kCols, row = m * kRows + r;
     if (row < rows)
       plain[((int64_t(b) * rows + row) * heads + h) * kCols + c] =
-          *reinterpret_cast<const __nv_bfloat16*>(tile + swizzled_offset16(r, c, kRows));
+          *reinterpret_cast<const __nv_bfloat16*>(tile + swizzled_offset<2>(r, c, kRows));
   }
   if (threadIdx.x == 0) {
     for (int p = 0; p < 2; ++p) tma_store_4d(&out, tile + p * kRows * 128, p * 64, m * kRows, h, b);
@@ -98,18 +98,25 @@ TEST(HopperPrims, TmaRoundTripAndSwizzle) {
     bad_plain += got_plain[i] != bits[i];
   }
   EXPECT_EQ(bad, 0u) << "TMA store did not reproduce the loaded tensor";
-  EXPECT_EQ(bad_plain, 0u) << "swizzled_offset16 disagrees with TMA's 128B swizzle";
+  EXPECT_EQ(bad_plain, 0u) << "swizzled_offset<2> disagrees with TMA's 128B swizzle";
 }
 
 // ---- 2. one warpgroup: S = A B^T (SS), then O = bf16(S) V (RS, V N-major) ----
+// Every offset comes from hopper::SmemTile, as in the attention kernel: this tests the type too.
 constexpr int kM = 64, kN = 128, kK = 128;  // A [64][128], B [128][128] (K-major), V [128 keys][128]
+using ATile = SmemTile16<kM, kK>;
+using BTile = SmemTile16<kN, kK>;
+using VTile = SmemTile16<kN, kK>;
+static_assert(ATile::kPanels == 2 && ATile::kBytes == kM * 256 && ATile::k_chunk_offset<16>(5) == kM * 128 + 32,
+              "SmemTile: two 64-column panels; k-chunk 5 is the second panel's second 32 bytes");
+static_assert(VTile::row_chunk_offset<16>(3) == 3 * 16 * 128 && VTile::kNMajorLbo == kN * 128, "SmemTile: N-major steps");
 
 __global__ void __launch_bounds__(128) wgmma_tile(const __grid_constant__ CUtensorMap ma,
                                                   const __grid_constant__ CUtensorMap mb,
                                                   const __grid_constant__ CUtensorMap mv, float* s_out, float* o_out) {
   extern __shared__ uint8_t raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  uint8_t *sa = base, *sb = base + kM * 256, *sv = sb + kN * 256;
+  uint8_t *sa = base, *sb = base + ATile::kBytes, *sv = sb + BTile::kBytes;
   __shared__ uint64_t bar;
   if (threadIdx.x == 0) {
     mbarrier_init(&bar, 1);
@@ -117,21 +124,22 @@ __global__ void __launch_bounds__(128) wgmma_tile(const __grid_constant__ CUtens
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    mbarrier_arrive_expect_tx(&bar, kM * 256 + 2 * kN * 256);
-    for (int p = 0; p < 2; ++p) {
-      tma_load_4d(sa + p * kM * 128, &ma, p * 64, 0, 0, 0, &bar);
-      tma_load_4d(sb + p * kN * 128, &mb, p * 64, 0, 0, 0, &bar);
-      tma_load_4d(sv + p * kN * 128, &mv, p * 64, 0, 0, 0, &bar);
+    mbarrier_arrive_expect_tx(&bar, ATile::kBytes + BTile::kBytes + VTile::kBytes);
+    for (int p = 0; p < ATile::kPanels; ++p) {
+      tma_load_4d(sa + ATile::panel_offset(p), &ma, ATile::panel_col(p), 0, 0, 0, &bar);
+      tma_load_4d(sb + BTile::panel_offset(p), &mb, BTile::panel_col(p), 0, 0, 0, &bar);
+      tma_load_4d(sv + VTile::panel_offset(p), &mv, VTile::panel_col(p), 0, 0, 0, &bar);
     }
   }
   mbarrier_wait(&bar, 0);
   float s[kN / 2], o[kK / 2];
-  const uint64_t da = make_smem_desc(smem_u32(sa), 16, 1024), db = make_smem_desc(smem_u32(sb), 16, 1024);
+  const uint64_t da = make_smem_desc(smem_u32(sa), ATile::kKMajorLbo, ATile::kKMajorSbo);
+  const uint64_t db = make_smem_desc(smem_u32(sb), BTile::kKMajorLbo, BTile::kKMajorSbo);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk)
-    WgmmaBf16<kN>::ss<0>(s, desc_advance(da, (kk / 4) * kM * 128 + (kk % 4) * 32),
-                         desc_advance(db, (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0);
+    WgmmaBf16<kN>::ss<0>(s, desc_advance(da, ATile::k_chunk_offset<16>(kk)), desc_advance(db, BTile::k_chunk_offset<16>(kk)),
+                         kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(s);
@@ -142,11 +150,11 @@ __global__ void __launch_bounds__(128) wgmma_tile(const __grid_constant__ CUtens
     for (int j = 0; j < 4; ++j) pa[kb][j] = Mma16<__nv_bfloat16>::pack(s[8 * kb + 2 * j], s[8 * kb + 2 * j + 1]);
 #pragma unroll
   for (int i = 0; i < kK / 2; ++i) o[i] = 0.f;
-  const uint64_t dv = make_smem_desc(smem_u32(sv), kN * 128, 1024);
+  const uint64_t dv = make_smem_desc(smem_u32(sv), VTile::kNMajorLbo, VTile::kNMajorSbo);
   fence_operand(o);
   wgmma_fence();
 #pragma unroll
-  for (int kb = 0; kb < kN / 16; ++kb) WgmmaBf16<kK>::rs<1>(o, pa[kb], desc_advance(dv, kb * 16 * 128), 1);
+  for (int kb = 0; kb < kN / 16; ++kb) WgmmaBf16<kK>::rs<1>(o, pa[kb], desc_advance(dv, VTile::row_chunk_offset<16>(kb)), 1);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(o);
@@ -225,7 +233,7 @@ __global__ void ring(const __grid_constant__ CUtensorMap m, float* sums) {
     float part = 0.f;  // thread r sums row r/2, half (r%2) of its 64 columns
     const int r = threadIdx.x / 2, c0 = (threadIdx.x % 2) * 32;
     for (int c = c0; c < c0 + 32; ++c)
-      part += __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(buf[st.index] + swizzled_offset16(r, c, kBlockRows)));
+      part += __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(buf[st.index] + swizzled_offset<2>(r, c, kBlockRows)));
     for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffff, part, off);
     if (threadIdx.x % 32 == 0) atomicAdd(&sums[n], part);
     __syncwarp();
@@ -293,7 +301,7 @@ __global__ void __cluster_dims__(2, 1, 1) cluster_ring(const __grid_constant__ C
       const int r = threadIdx.x / 2, c0 = (threadIdx.x % 2) * 32;
       for (int c = c0; c < c0 + 32; ++c)
         part += __bfloat162float(
-            *reinterpret_cast<const __nv_bfloat16*>(buf[st.index] + swizzled_offset16(r, c, kBlockRows)));
+            *reinterpret_cast<const __nv_bfloat16*>(buf[st.index] + swizzled_offset<2>(r, c, kBlockRows)));
       for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffff, part, off);
       if (threadIdx.x % 32 == 0) atomicAdd(&sums[rank * kBlocks + n], part);
       __syncwarp();

@@ -99,12 +99,58 @@ TEST_F(FwdValidation, SoftcapAndScalePass) {
 TEST_F(FwdValidation, VarlenPassesAndIgnoresBatchStride) {
   a.cu_seqlens_q = fake<const int32_t>(0x600000);
   a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_q = kBatch * kSeqQ;
+  a.total_k = kBatch * kSeqK;
   a.q.batch_stride = a.k.batch_stride = a.v.batch_stride = a.out.batch_stride = 3;  // ignored when packed
   EXPECT_TRUE(Passes(fa3::validate(a)));
 }
 
-TEST_F(FwdValidation, VarlenQueriesOnlyPasses) {
+// Packed rows with every optional per-sequence count.
+TEST_F(FwdValidation, VarlenWithSequsedAndLsePasses) {
   a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.seqused_q = fake<const int32_t>(0x620000);
+  a.seqused_k = fake<const int32_t>(0x630000);
+  a.total_q = kSeqQ;  // may hold just the longest sequence
+  a.total_k = kSeqK;
+  a.lse = fake<float>(0x500000);
+  a.causal = 1;
+  a.window_left = 100;
+  a.softcap = 30.f;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+// cu_seqlens_q with dense K/V: seqused_k gives each sequence's keys (total_k is then ignored).
+TEST_F(FwdValidation, CuSeqlensQWithSequsedKPasses) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.seqused_k = fake<const int32_t>(0x610000);
+  a.total_q = 1000;
+  a.total_k = 0;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, CuSeqlensKOnlyPasses) {
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_k = kBatch * kSeqK;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, SequsedWithoutCuSeqlensPasses) {
+  a.seqused_q = fake<const int32_t>(0x620000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.seqused_k = fake<const int32_t>(0x630000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.seqused_q = nullptr;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+// total_q / total_k describe packed tensors only: ignored (any value) without cu_seqlens.
+TEST_F(FwdValidation, TotalsIgnoredWithoutCuSeqlens) {
+  a.total_q = -5;
+  a.total_k = 0;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.seqused_q = fake<const int32_t>(0x620000);
+  a.seqused_k = fake<const int32_t>(0x630000);
   EXPECT_TRUE(Passes(fa3::validate(a)));
 }
 
@@ -385,12 +431,77 @@ TEST_F(FwdValidation, Causal2) {
   EXPECT_TRUE(Invalid(fa3::validate(a), "causal"));
 }
 
+// Without cu_seqlens_k or seqused_k nothing says where a packed sequence's keys end.
+TEST_F(FwdValidation, CuSeqlensQWithoutKeyCounts) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.total_q = kBatch * kSeqQ;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "cu_seqlens_q"));
+  a.seqused_q = fake<const int32_t>(0x620000);  // query counts do not help
+  EXPECT_TRUE(Invalid(fa3::validate(a), "cu_seqlens_q"));
+  a.seqused_k = fake<const int32_t>(0x630000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.seqused_k = nullptr;
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_k = kBatch * kSeqK;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, TotalQRequiredWithCuSeqlensQ) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_k = kBatch * kSeqK;
+  for (int32_t bad : {0, -1, std::numeric_limits<int32_t>::min()}) {
+    a.total_q = bad;
+    const fa3::Status st = fa3::validate(a);
+    EXPECT_TRUE(Invalid(st, "total_q")) << bad;
+    EXPECT_TRUE(Invalid(st, ">= 1")) << bad;
+  }
+  a.total_q = kSeqQ;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, TotalKRequiredWithCuSeqlensK) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_q = kBatch * kSeqQ;
+  for (int32_t bad : {0, -7}) {
+    a.total_k = bad;
+    const fa3::Status st = fa3::validate(a);
+    EXPECT_TRUE(Invalid(st, "total_k")) << bad;
+    EXPECT_TRUE(Invalid(st, ">= 1")) << bad;
+  }
+  a.cu_seqlens_q = nullptr;  // dense queries, packed keys: still required
+  a.total_k = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "total_k"));
+  a.total_k = kSeqK;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+// The overlap check of a packed O spans its total_q rows, not seqlen_q (the longest sequence).
+TEST_F(FwdValidation, PackedOutOverlapUsesTotalQ) {
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_q = 3 * kSeqQ;
+  a.total_k = kBatch * kSeqK;
+  // Head-major packed O ([heads][total_q][d]) whose heads are only seqlen_q rows apart.
+  a.out = fa3_tensor{fake(0x400000), 0, kDim, int64_t(kSeqQ) * kDim};
+  const fa3::Status st = fa3::validate(a);
+  EXPECT_TRUE(Invalid(st, "out.head_stride"));
+  EXPECT_TRUE(Invalid(st, "overlap"));
+  a.out.head_stride = int64_t(a.total_q) * kDim;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  // Row-major packed O whose rows hold only one head's worth: rows overlap across total_q.
+  a.out = fa3_tensor{fake(0x400000), 0, kDim, kDim};
+  EXPECT_TRUE(Invalid(fa3::validate(a), "overlap"));
+}
+
 TEST_F(FwdValidation, PageTableWithCuSeqlensK) {
   a.page_table = fake<const int32_t>(0x700000);
   a.page_size = 64;
   a.num_pages = 16;
   a.page_table_batch_stride = 4;
   a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_k = kBatch * kSeqK;  // otherwise valid packed keys: only the combination is wrong
   const fa3::Status st = fa3::validate(a);
   EXPECT_TRUE(Invalid(st, "page_table"));
   EXPECT_TRUE(Invalid(st, "cu_seqlens_k"));
@@ -499,6 +610,8 @@ TEST_F(BwdValidation, ValidArgsPass) {
 TEST_F(BwdValidation, VarlenIgnoresGradientBatchStrides) {
   b.fwd.cu_seqlens_q = fake<const int32_t>(0x600000);
   b.fwd.cu_seqlens_k = fake<const int32_t>(0x610000);
+  b.fwd.total_q = kBatch * kSeqQ;
+  b.fwd.total_k = kBatch * kSeqK;
   b.dq.batch_stride = b.dout.batch_stride = b.dk.batch_stride = b.dv.batch_stride = 3;
   EXPECT_TRUE(Passes(fa3::validate(b)));
 }

@@ -9,7 +9,8 @@
 #   cmake --workflow --preset release && tools/pack-build.sh      # here
 #   run(command="FA3_BUILD=build/carry tools/gpu-check.sh", carry=["build/carry"])
 # Environment: OUT (default ./out), FA3_BUILD (default build/release), TEST_FILTER (gtest filter),
-# COMPARE_ARGS (extra compare.py flags, default --quick), BENCH_ARGS (extra fa3-bench flags).
+# COMPARE_ARGS (extra compare.py flags, default --quick), BENCH_ARGS (extra fa3-bench flags),
+# SANITIZE_FILTER / SANITIZE_TOOLS / SANITIZE_RANDOM_CASES / SANITIZE_TIMEOUT (the sanitizer step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -21,6 +22,9 @@ want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 
 summary=()
 note() { summary+=("$(printf '%-22s %s' "$1" "$2")"); }
 
+if [ -f "$BUILD/fa3-carry.tar.xz" ] && [ ! -f "$BUILD/libfa3.so" ]; then  # tools/pack-build.sh's archive
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BUILD/fa3-carry.tar.xz" "$BUILD"
+fi
 if [ ! -f "$BUILD/libfa3.so" ]; then
   echo "== building (no carried build found in $BUILD)"
   cmake --workflow --preset release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -32,7 +36,7 @@ if want tests && [ ! -x "$BUILD/fa3_tests" ]; then
   note "gpu tests" "not built (GoogleTest missing when $BUILD was configured)"
 elif want tests; then
   echo "== GPU tests"
-  timeout 420 "$BUILD/fa3_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/tests.log" \
+  timeout ${TEST_TIMEOUT:-420} "$BUILD/fa3_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/tests.log" \
     | grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|seed|Expected|Which is|rel_fro" | head -150
   note "gpu tests" "$(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
   sass=$(cuobjdump --dump-sass "$BUILD/libfa3.so" 2>/dev/null)
@@ -40,10 +44,13 @@ elif want tests; then
 fi
 
 if want sanitize; then
+  # Small configurations of every path: zero tiles, zero-length sequences, and a few dozen random
+  # configurations (softcap, varlen, head-dim pairs, masks, strides) of the randomised test.
   echo "== compute-sanitizer (small configs)"
-  for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/fa3_tests" \
-      --gtest_filter='FwdGpu.RowsWithoutKeysAndNoLse:FwdGpu.NonContiguousLayouts:HopperPrims.*' > "$OUT/sanitize-$tool.log" 2>&1
+  filter=${SANITIZE_FILTER:-'FwdGpu.RowsWithoutKeysAndNoLse:FwdGpu.ZeroLengthSequences:FwdRandomGpu.*:HopperPrims.*'}
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    FA3_RANDOM_CASES=${SANITIZE_RANDOM_CASES:-24} timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool \
+      --error-exitcode 9 "$BUILD/fa3_tests" --gtest_filter="$filter" > "$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     note "sanitizer $tool" "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
   done
@@ -68,4 +75,5 @@ echo "================ summary ================"
 for line in "${summary[@]}"; do echo "$line"; done
 [ -f "$OUT/ablation.log" ] && tail -4 "$OUT/ablation.log"
 [ -f "$OUT/compare.log" ] && grep -E "^ *(64|96|128|192|256) " "$OUT/compare.log" | head -40
+[ -f "$OUT/compare.log" ] && sed -n '/extras summary/,$p' "$OUT/compare.log" | head -30
 exit 0

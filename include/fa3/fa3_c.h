@@ -12,8 +12,19 @@
  *   O   [batch, seqlen_q, heads_q,  head_dim_v]
  *   LSE [batch, heads_q, seqlen_q] float32, natural log (varlen: [heads_q, total_q])
  * Strides are in elements.  Varlen (cu_seqlens_q set): Q/O rows are packed, row index =
- * cu_seqlens_q[b] + i, batch_stride is ignored.  Paged KV (page_table set): K/V are
- * [num_pages, page_size, heads_kv, d] and batch_stride is the stride between pages.
+ * cu_seqlens_q[b] + i, batch_stride is ignored; cu_seqlens_q needs cu_seqlens_k or seqused_k
+ * (the keys of each sequence). Likewise cu_seqlens_k packs K/V (alone, queries stay
+ * [batch, seqlen_q, ...]); seqused_q / seqused_k shorten each batch entry, packed or not.
+ * Paged KV (page_table set): K/V are [num_pages, page_size, heads_kv, d] and batch_stride is the
+ * stride between pages.
+ *
+ * The caller's contract where fa3 cannot check on the host without a sync (device arrays):
+ * cu_seqlens_* start at 0 and do not decrease, cu_seqlens_q[b+1] - cu_seqlens_q[b] <= seqlen_q
+ * (likewise k), cu_seqlens_*[batch] <= total_*, 0 <= seqused_*[b] <= that sequence's length
+ * (seqlen_* without cu_seqlens), page_table entries in [0, num_pages).  The up to 127 K/V rows
+ * after a sequence's last used key (seqused_k, or the next sequence's rows) are read in its last
+ * key block and given weight 0: they must hold finite values (NaN * 0 is NaN); rows past total_k or
+ * past seqlen_k of a fixed-length batch are never read.
  */
 #ifndef FA3_FA3_C_H_
 #define FA3_FA3_C_H_
@@ -88,6 +99,11 @@ typedef struct fa3_fwd_params {
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_q; /* optional: only the first seqused_q[b] queries of batch b are used */
   const int32_t* seqused_k; /* optional: only the first seqused_k[b] keys of batch b are used */
+  /* With cu_seqlens_q / cu_seqlens_k (required then, >= 1): the rows of the packed Q and O / K and V
+   * tensors (their first extent, >= cu_seqlens_q[batch] / cu_seqlens_k[batch]); LSE is then
+   * [heads_q, total_q]. No row at or past them is read or written. Ignored without cu_seqlens. */
+  int32_t total_q;
+  int32_t total_k;
 
   /* Paged KV cache (NULL = contiguous K/V). page_table: int32 [batch, max_pages_per_seq]. */
   const int32_t* page_table;

@@ -2,6 +2,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "src/api/problem.h"
 #include "src/api/status.h"
 
@@ -11,9 +13,9 @@ namespace fa3::detail {
 // else a short reason ("paged KV", ...).
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f);
 Status hopper_fwd(const FwdProblem& f, cudaStream_t stream);
-// The same kernel with one schedule flag changed (benchmark ablation; bf16, d 128, no mask; always
-// the 128x128 tile): sched = FwdConfig<128>::kSchedule as it is, without kOverlap, or with kPingpong flipped.
-Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream);
+// The name of the instantiation hopper_fwd would launch ("fwd_bf16_d128_mtrue_sfalse_vfalse", as
+// CMakeLists.txt names its generated files and the instantiation registry lists them).
+Status hopper_fwd_instance(const FwdProblem& f, std::string* name);
 
 // The simple fp32 kernel (src/oracle) that covers every forward feature.
 Status oracle_fwd(const FwdProblem& f, cudaStream_t stream);

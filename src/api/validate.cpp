@@ -180,15 +180,18 @@ Status check_tensor(const fa3_tensor& t, const TensorSpec& s, bool is_output) {
 }
 
 // The shapes of Q, K, V and O (and of dQ, dK, dV and dO, which share them).
+// Packed (varlen) tensors have total_q / total_k rows and no batch dimension.
 TensorSpec q_spec(const fa3_fwd_params& p, const char* name, int64_t head_dim, const char* head_dim_name,
                   fa3_dtype dtype) {
-  return TensorSpec{name,        dtype,     p.cu_seqlens_q != nullptr, p.batch,      p.seqlen_q, p.heads_q,
-                    head_dim,    "seqlen_q", "heads_q",                head_dim_name};
+  const bool packed = p.cu_seqlens_q != nullptr;
+  return TensorSpec{name,     dtype,   packed, p.batch, packed ? p.total_q : p.seqlen_q, p.heads_q,
+                    head_dim, packed ? "total_q" : "seqlen_q", "heads_q", head_dim_name};
 }
 
 TensorSpec k_spec(const fa3_fwd_params& p, const char* name, int64_t head_dim, const char* head_dim_name) {
-  return TensorSpec{name,     p.dtype,    p.cu_seqlens_k != nullptr, p.batch,      p.seqlen_k, p.heads_kv,
-                    head_dim, "seqlen_k", "heads_kv",                head_dim_name};
+  const bool packed = p.cu_seqlens_k != nullptr;
+  return TensorSpec{name,     p.dtype, packed, p.batch, packed ? p.total_k : p.seqlen_k, p.heads_kv,
+                    head_dim, packed ? "total_k" : "seqlen_k", "heads_kv", head_dim_name};
 }
 
 Status check_fwd_tensors(const fa3_fwd_params& p) {
@@ -226,6 +229,27 @@ Status check_mask(const fa3_fwd_params& p) {
   if (p.causal == 1 && p.window_right > 0)
     return invalid("window_right must be -1 or 0 with causal = 1 (causal means window_right = 0); got " +
                    to_string(p.window_right));
+  return ok();
+}
+
+// Varlen: what fa3 can check on the host (the arrays' contents are the caller's contract, fa3_c.h).
+Status check_varlen(const fa3_fwd_params& p) {
+  // Packed queries need to know each sequence's keys: packed too, or counted per batch entry.
+  if (p.cu_seqlens_q != nullptr && p.cu_seqlens_k == nullptr && p.seqused_k == nullptr)
+    return invalid("cu_seqlens_q needs cu_seqlens_k (packed keys) or seqused_k (keys per batch entry); got neither");
+  if (p.cu_seqlens_q != nullptr && p.total_q < 1)
+    return invalid("total_q must be >= 1 with cu_seqlens_q (the rows of the packed q and out); got " +
+                   to_string(p.total_q));
+  if (p.cu_seqlens_k != nullptr && p.total_k < 1)
+    return invalid("total_k must be >= 1 with cu_seqlens_k (the rows of the packed k and v); got " +
+                   to_string(p.total_k));
+  const std::pair<const int32_t*, const char*> arrays[] = {{p.cu_seqlens_q, "cu_seqlens_q"},
+                                                            {p.cu_seqlens_k, "cu_seqlens_k"},
+                                                            {p.seqused_q, "seqused_q"},
+                                                            {p.seqused_k, "seqused_k"}};
+  for (const auto& [ptr, name] : arrays)
+    if (ptr != nullptr && !aligned(ptr, sizeof(int32_t)))
+      return invalid(std::string(name) + " must be 4-byte aligned (int32); got " + hex(ptr));
   return ok();
 }
 
@@ -294,6 +318,7 @@ Status validate_fwd(const fa3_fwd_params* p) {
   FA3_TRY(check_sizes(*p));
   FA3_TRY(check_head_dim("head_dim_qk", p->head_dim_qk, p->dtype));
   FA3_TRY(check_head_dim("head_dim_v", p->head_dim_v, p->dtype));
+  FA3_TRY(check_varlen(*p));
   FA3_TRY(check_fwd_tensors(*p));
   FA3_TRY(check_lse(*p));
   FA3_TRY(check_scores(*p));

@@ -13,16 +13,19 @@
 
 namespace fa3::attn {
 
-template <class Elem, class Cfg, bool kMasked>
+template <class Elem, class Cfg, class Feat>
 struct FwdConsumer {
-  using Mainloop = MainloopMma<Elem, Cfg, kMasked>;
+  using Mainloop = MainloopMma<Elem, Cfg, Feat>;
   using Softmax = typename Mainloop::Softmax;
+  using Seq = typename Mainloop::Seq;
+  static constexpr int kDv = Cfg::kHeadDimV;
 
   const FwdKernelParams& p;
   FwdSmem<Cfg> smem;
   int consumer, thread;  // warpgroup 0 .. kBlockM/64-1 of the consumers; thread 0 .. 127 in it
   Mainloop mainloop;
-  Epilogue<Elem, Cfg> epilogue;
+  using Epi = Epilogue<Elem, Cfg, Feat>;
+  Epi epilogue;
   hopper::PipelineState<FwdSmem<Cfg>::kQStages> q_st;
 
   __device__ __forceinline__ FwdConsumer(const FwdKernelParams& params, FwdSmem<Cfg> s, int c, int t)
@@ -42,45 +45,46 @@ struct FwdConsumer {
   // that write: compute-sanitizer racecheck).
   __device__ __forceinline__ void release_q() { smem.bars().q.consumer_release(q_st); }
 
-  // The next tile from the producer's note in the next Q stage (waits for it; fwd_smem.cuh). Tiles the
-  // producer skipped on the way (no visible key) get their zeros here: the walk (tile_at_step) runs
-  // in the consumers only then. `done`: the steps of the walk handled so far. False at the end.
-  __device__ __forceinline__ bool next_tile(int& done, WorkTile& w, BlockRange& r) {
+  // The tile a note describes, with its sequence info (varlen: the note's; else the parameters').
+  __device__ __forceinline__ Seq seq_of(const typename FwdSmem<Cfg>::TileNote& note) const {
+    if constexpr (Feat::kVarlen) return Seq(note.batch, note.seqlen_q, note.seqlen_k, note.q_row0, note.k_row0);
+    else return Seq(p, note.batch);
+  }
+
+  // The next tile from the producer's note in the next Q stage (waits for it; fwd_smem.cuh). False
+  // at the end of the walk. (Tiles without a visible key never come: the producer zeroes them.)
+  __device__ __forceinline__ bool next_tile(WorkTile& w, BlockRange& r, Seq& seq) {
     smem.bars().q.consumer_wait(q_st);
     const auto note = smem.bars().note[q_st.index];
-    for (; done < note.step; ++done) {
-      WorkTile empty;
-      tile_at_step(done, blockIdx.x, gridDim.x, p, empty);
-      epilogue.store_zero(empty);
-    }
-    ++done;
     w = {note.m_block, note.head, note.batch};
     r = {note.n_min, note.n_max};
+    seq = seq_of(note);
     return note.m_block >= 0;
   }
 
   __device__ __forceinline__ void run_per_tile() {
     WorkTile w;
     BlockRange r;
-    for (int done = 0; next_tile(done, w, r);) {
-      if (mainloop.rows_past_end(w.m_block)) {  // nothing to compute or store (rows past seqlen_q)
+    Seq seq = Seq::unset(p);
+    while (next_tile(w, r, seq)) {
+      if (mainloop.rows_past_end(w.m_block, seq)) {  // nothing to compute or store (rows past seqlen_q)
         mainloop.run_idle(r);
         release_q();
         q_st.advance();
         continue;
       }
-      float o[Cfg::kHeadDim / 2];
+      float o[kDv / 2];
       Softmax softmax(p.scale_log2);
-      mainloop.run(w.m_block, r, q_st.index, o, softmax, [&] { release_q(); });
+      mainloop.run(w.m_block, seq, r, q_st.index, o, softmax, [&] { release_q(); });
       if constexpr (Cfg::kOInKV) {
         // No room for an O tile: the last key block's stages, kept from the producer, take the
         // two warpgroups' O (K's or a half tile of its own for consumer 0, V's for 1) once both
         // warpgroups' GEMMs are done; they go back from the next tile's begin (MainloopMma::kept).
         // The next Q does not wait.
         hopper::named_barrier_sync(kBarOInKV, 2 * hopper::kWarpgroupSize);
-        epilogue.store(w, o, softmax, mainloop.o_staging_in_kept_stage(), 64);
+        epilogue.template store<typename Epi::KeptStaging>(w, seq, o, softmax, mainloop.o_staging_in_kept_stage());
       } else {
-        epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
+        epilogue.template store<typename Epi::OwnStaging>(w, seq, o, softmax, epilogue.own_staging());
       }
       q_st.advance();
     }
@@ -88,33 +92,36 @@ struct FwdConsumer {
 
   // One stream of key blocks across this CTA's tiles (the next tile's Q is in the second buffer).
   __device__ __forceinline__ void run_stream() {
-    int done = 0;
     WorkTile w;
     BlockRange r;
-    if (!next_tile(done, w, r)) return;
-    float o[Cfg::kHeadDim / 2], s[Cfg::kBlockN / 2];
+    Seq seq = Seq::unset(p);
+    if (!next_tile(w, r, seq)) return;
+    float o[kDv / 2], s[Cfg::kBlockN / 2];
     uint32_t pa[Cfg::kBlockN / 16][4];
     Softmax softmax(p.scale_log2);
-    mainloop.begin_tile(w.m_block, r, q_st.index, o, s, pa, softmax);
+    mainloop.begin_tile(w.m_block, seq, r, q_st.index, o, s, pa, softmax);
     for (;;) {
-      mainloop.middle_blocks(w.m_block, r, q_st.index, o, s, pa, softmax);
+      mainloop.middle_blocks(w.m_block, seq, r, q_st.index, o, s, pa, softmax);
       release_q();
       q_st.advance();
       WorkTile w_next;
       BlockRange r_next;
-      if (!next_tile(done, w_next, r_next)) {
+      Seq seq_next(seq);
+      if (!next_tile(w_next, r_next, seq_next)) {
         mainloop.end_tile(o, pa);
-        epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);
+        epilogue.template store<typename Epi::OwnStaging>(w, seq, o, softmax, epilogue.own_staging());
         return;
       }
       mainloop.end_tile_start_next(q_st.index, o, s, pa);
-      epilogue.store(w, o, softmax, epilogue.own_staging(), Cfg::kBlockM);  // under the next tile's first QK^T
+      // Under the next tile's first QK^T.
+      epilogue.template store<typename Epi::OwnStaging>(w, seq, o, softmax, epilogue.own_staging());
       softmax = Softmax(p.scale_log2);
-      mainloop.next_first_softmax(w_next.m_block, r_next, s, pa, softmax);
+      mainloop.next_first_softmax(w_next.m_block, seq_next, r_next, s, pa, softmax);
 #pragma unroll
-      for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+      for (int i = 0; i < kDv / 2; ++i) o[i] = 0.f;
       w = w_next;
       r = r_next;
+      seq = seq_next;
     }
   }
 };

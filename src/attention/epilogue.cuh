@@ -1,11 +1,17 @@
 // Writes one consumer warpgroup's 64 rows of O (normalised, converted to 16 bits) and their LSE.
-// O goes registers -> swizzled smem (stmatrix) -> global (TMA store, which drops rows past seqlen_q
-// and columns past head_dim); tiles without any visible key are written directly as zeros.
-// The staging area is this warpgroup's rows of the O tile, or (kOInKV) a free K or V stage.
+// O goes registers -> swizzled smem (stmatrix) -> global, by one of two output stores:
+//  - TMA store (fixed-length batches): drops rows past seqlen_q and columns past head_dim_v;
+//  - masked direct store (varlen): every thread copies 16-byte chunks of the staged rows that lie
+//    inside the sequence, since a TMA box of a sequence's last tile would spill into the next
+//    sequence's packed rows (or into rows past seqused_q) and TMA clips only at the tensor's end.
+// (Tiles without any visible key are the producer's: MainloopLoad::store_zero.) The staging area is
+// this warpgroup's rows of the O tile, or (kOInKV) a free K or V stage.
 #pragma once
 #include <cmath>
 
+#include "src/attention/fwd_features.h"
 #include "src/attention/fwd_smem.cuh"
+#include "src/attention/seqlen_info.cuh"
 #include "src/attention/softmax.cuh"
 #include "src/attention/tile_scheduler.cuh"
 #include "src/hopper/tma.cuh"
@@ -13,77 +19,92 @@
 
 namespace fa3::attn {
 
-template <class Elem, class Cfg>
+template <class Elem, class Cfg, class Feat>
 struct Epilogue {
   using Smem = FwdSmem<Cfg>;
   using Mma = hopper::Mma16<Elem>;
-  static constexpr int kD = Cfg::kHeadDim;
+  using Seq = SeqlenInfo<Feat::kVarlen>;
+  static constexpr int kDv = Cfg::kHeadDimV;
+  static constexpr bool kDirectStore = Feat::kVarlen;
 
   const FwdKernelParams& p;
   Smem smem;
   int consumer, thread;
 
+  // This warpgroup's first row, counted in its sequence.
   __device__ __forceinline__ int first_row(const WorkTile& w) const { return w.m_block * Cfg::kBlockM + consumer * 64; }
 
-  __device__ __forceinline__ void store_lse(const WorkTile& w, const float (&lse)[2]) const {
+  __device__ __forceinline__ void store_lse(const WorkTile& w, const Seq& seq, const float (&lse)[2]) const {
     const int lane = thread % 32;
     if (p.lse == nullptr || lane % 4 != 0) return;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = first_row(w) + (thread / 32) * 16 + lane / 4 + 8 * h;
-      if (row < p.seqlen_q) p.lse[(int64_t(w.batch) * p.heads_q + w.head) * p.seqlen_q + row] = lse[h];
+      if (row < seq.seqlen_q(p)) p.lse[seq.lse_offset(p, w.head) + row] = lse[h];
     }
   }
 
-  // This warpgroup's staging area in the O tile: its 64 rows of 128-row panels.
-  __device__ __forceinline__ uint8_t* own_staging() const { return smem.o() + consumer * 64 * hopper::kSwizzleBytes; }
+  // Where a warpgroup stages its 64 rows: its rows of the O tile (Staging = Smem::OTile, whose
+  // panels have kBlockM rows), or a 64-row tile of its own (Smem::OWarpgroupTile, kOInKV).
+  using OwnStaging = typename Smem::OTile;
+  using KeptStaging = typename Smem::OWarpgroupTile;
+  __device__ __forceinline__ uint8_t* own_staging() const { return smem.o() + OwnStaging::row_offset(consumer * 64); }
 
-  // `staging`: where this warpgroup's 64 rows go, in panels of `panel_rows` rows (64-column panels,
-  // 128-byte swizzle, 1024-byte aligned).
-  template <class Softmax>
-  __device__ void store(const WorkTile& w, float (&o)[kD / 2], Softmax& softmax, uint8_t* staging,
-                        int panel_rows) const {
+  // `staging`: this warpgroup's 64 rows, laid out as Staging's rows 0..63.
+  template <class Staging, class Softmax>
+  __device__ void store(const WorkTile& w, const Seq& seq, float (&o)[kDv / 2], Softmax& softmax,
+                        uint8_t* staging) const {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
-    store_lse(w, lse);
+    store_lse(w, seq, lse);
     const int bar = kBarEpilogue + consumer;
-    // The previous tile's store from this staging area must have finished reading it.
-    if (thread == 0) hopper::tma_store_wait_read();
+    // The previous tile's store from this staging area must have finished reading it (the direct
+    // store's reads are ordered by this barrier alone).
+    if (!kDirectStore && thread == 0) hopper::tma_store_wait_read();
     hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
     const int lane = thread % 32, mi = lane / 8, rr = lane % 8;
     const int row = (thread / 32) * 16 + rr + 8 * (mi & 1);  // row inside this warpgroup's 64
     const uint32_t o_base = hopper::smem_u32(staging);
 #pragma unroll
-    for (int j = 0; j < kD / 8; j += 2) {  // two 8-column blocks (four 8x8 matrices) per stmatrix
+    for (int j = 0; j < kDv / 8; j += 2) {  // two 8-column blocks (four 8x8 matrices) per stmatrix
       const int col = 8 * (j + (mi >> 1));
-      hopper::stmatrix_x4(o_base + hopper::swizzled_offset16(row, col, panel_rows),
+      hopper::stmatrix_x4(o_base + Staging::offset(row, col),
                           Mma::pack(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
                           Mma::pack(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
                           Mma::pack(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
                           Mma::pack(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]));
     }
+    if constexpr (kDirectStore) {
+      hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
+      store_direct<Staging>(w, seq, staging);
+      // Every thread's reads of the staging area are done before it is written again or (kOInKV)
+      // its K/V stage goes back to the producer (MainloopMma::release_kept, by thread 0).
+      if constexpr (Cfg::kOInKV) hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
+      return;
+    }
     hopper::fence_view_async_shared();  // stmatrix writes -> visible to the TMA store
     hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
     if (thread == 0) {
 #pragma unroll
-      for (int pn = 0; pn < Smem::kPanels; ++pn)
-        hopper::tma_store_4d(&p.tma_o, staging + pn * panel_rows * hopper::kSwizzleBytes, pn * 64, first_row(w), w.head,
-                             w.batch);
+      for (int pn = 0; pn < Staging::kPanels; ++pn)
+        hopper::tma_store_4d(&p.tma_o, staging + Staging::panel_offset(pn), Staging::panel_col(pn),
+                             seq.q_row0() + first_row(w), w.head, seq.q_batch(p));
       hopper::tma_store_commit();
     }
   }
 
-  // A tile whose rows see no key: O = 0 and LSE = -inf, written without smem (16-byte stores).
-  __device__ void store_zero(const WorkTile& w) const {
-    const int chunks = p.head_dim / 8;  // head_dim is a multiple of 8 (validated)
-    Elem* base = static_cast<Elem*>(p.o) + int64_t(w.batch) * p.o_batch_stride + int64_t(w.head) * p.o_head_stride;
-    for (int idx = thread; idx < 64 * chunks; idx += hopper::kWarpgroupSize) {
-      const int row = first_row(w) + idx / chunks;
-      if (row < p.seqlen_q)
-        *reinterpret_cast<uint4*>(base + int64_t(row) * p.o_row_stride + (idx % chunks) * 8) = make_uint4(0, 0, 0, 0);
+  // The masked direct store: 16-byte chunks (8 columns) of the staged rows inside the sequence and
+  // inside head_dim_v (a multiple of 8, validated), consecutive threads on consecutive chunks of a row.
+  template <class Staging>
+  __device__ void store_direct(const WorkTile& w, const Seq& seq, const uint8_t* staging) const {
+    const int chunks = p.head_dim_v / 8, row0 = first_row(w);
+    const int rows = min(64, seq.seqlen_q(p) - row0);
+    Elem* base = static_cast<Elem*>(p.o) + seq.o_offset(p, w.head) + int64_t(row0) * p.o_row_stride;
+    for (int idx = thread; idx < rows * chunks; idx += hopper::kWarpgroupSize) {
+      const int r = idx / chunks, c = idx % chunks;
+      const uint4 v = *reinterpret_cast<const uint4*>(staging + Staging::offset(r, 8 * c));
+      *reinterpret_cast<uint4*>(base + int64_t(r) * p.o_row_stride + 8 * c) = v;
     }
-    if (p.lse != nullptr && thread < 64 && first_row(w) + thread < p.seqlen_q)
-      p.lse[(int64_t(w.batch) * p.heads_q + w.head) * p.seqlen_q + first_row(w) + thread] = -INFINITY;
   }
 
   // Before the CTA exits (smem must outlive the store's reads).

@@ -22,10 +22,11 @@ enum Schedule : int {
 
 // One tile configuration: kBlockM query rows (64 per consumer warpgroup) x kBlockN keys per block,
 // kStages K/V buffers, O staged for its TMA store in a tile of its own or (kOInKV, where smem has
-// no room for one) in the K and V stages of the tile's last key block, and the schedule flags.
-template <int kD, int kM, int kN, int kS, bool kOInKV_, int kSched = kFullSchedule>
+// no room for one) in the K and V stages of the tile's last key block, the schedule flags, and the
+// head dims: kD of Q and K, kDv of V and O.
+template <int kD, int kM, int kN, int kS, bool kOInKV_, int kSched = kFullSchedule, int kDv = kD>
 struct TileConfig {
-  static constexpr int kHeadDim = kD, kBlockM = kM, kBlockN = kN, kStages = kS;
+  static constexpr int kHeadDim = kD, kHeadDimV = kDv, kBlockM = kM, kBlockN = kN, kStages = kS;
   static constexpr bool kOInKV = kOInKV_;
   static constexpr int kSchedule = kSched;
 };
@@ -36,9 +37,14 @@ struct WithSchedule : Cfg {
 };
 
 // The product's tiles. kAlt selects a head dim's second tile, for the problems use_alt_tile()
-// gives it (only where has_alt_tile()).
+// gives it (only where has_alt_tile()). Head dims of Q/K and V that differ run on the tile of the
+// larger (TMA zero-fills the other's missing columns and drops O's), except pairs with a tile of
+// their own (FwdConfigQkV).
 template <int kHeadDim_, bool kAlt = false>
 struct FwdConfig;
+template <int kHeadDimQk, int kHeadDimV>
+struct FwdConfigQkV;
+constexpr bool has_qkv_tile(int head_dim_qk, int head_dim_v) { return head_dim_qk == 192 && head_dim_v == 128; }
 
 // d96 (and masked d128): 192 query rows (three consumer warpgroups) for longer key sequences; d64:
 // 128 query rows for short causal/local ones; d256: a 64-key block for short key sequences.
@@ -97,6 +103,11 @@ template <>
 struct FwdConfig<192, false> : TileConfig<192, 128, 112, 2, true> {};
 template <>
 struct FwdConfig<256, false> : TileConfig<256, 128, 80, 2, true> {};
+// DeepSeek's d_qk 192 / d_v 128: V and O take a third less smem than d192's, so O gets a tile of
+// its own (Q single-buffered: 48 + 2 x (42 + 28) + 32 = 220 KB); 112 keys as d192 (S 56 + P 28 + O 64
+// registers).
+template <>
+struct FwdConfigQkV<192, 128> : TileConfig<192, 128, 112, 2, false, kFullSchedule, 128> {};
 // Short key sequences at d256: 64-key blocks waste less of the last (partial) block and of the
 // causal diagonal: +5% at 512, +1-4% at 1k-2k, but 2-4% slower at 8k-16k causal (perf-log step 11).
 // Without pingpong: +1% causal 512-1k, level non-causal (step 23).

@@ -1,4 +1,12 @@
 // Routes a validated forward problem to the Hopper kernel instantiation that serves it.
+// Which instantiations exist (CMakeLists.txt, fwd_instance.cu.in, and the registry it writes):
+//  - every (dtype, padded head dim, mask) with the head dim's tiles (fwd_config.h);
+//  - softcap and/or varlen: each head dim's first tile (FwdConfig<d, false>);
+//  - the d_qk 192 / d_v 128 tile (FwdConfigQkV), with and without varlen.
+// Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
+// with zeros and drops O's extra columns). The same walk either launches the instantiation or
+// names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
+#include <algorithm>
 #include <string>
 
 #include "src/api/dispatch.h"
@@ -10,68 +18,86 @@ namespace fa3::detail {
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
   if (p.dtype != FA3_DTYPE_BF16 && p.dtype != FA3_DTYPE_FP16) return "fp8 inputs";
-  if (p.head_dim_qk != p.head_dim_v) return "head_dim_v != head_dim_qk";
-  if (f.varlen_q || f.varlen_k) return "variable-length batches";
   if (f.paged) return "paged KV";
-  if (p.softcap != 0.f) return "softcap";
   if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
   return nullptr;
 }
 
 namespace {
 
-template <int kDtype, bool kMasked, int kHeadDim>
-Status by_tile(const FwdProblem& f, cudaStream_t stream) {
+using attn::FwdFeatures;
+
+// What the walk does with the instantiation it reaches: launch it, or name it as CMakeLists.txt
+// names its generated file ("fwd_bf16_d128alt_mtrue_sfalse_vfalse").
+struct Launch {
+  cudaStream_t stream;
+  template <int kDtype, class Cfg, class Feat>
+  Status run(const FwdProblem& f, const char*) const {
+    return attn::launch_fwd<kDtype, Cfg, Feat>(f, stream);
+  }
+};
+struct Describe {
+  std::string* name;
+  template <int kDtype, class Cfg, class Feat>
+  Status run(const FwdProblem&, const char* tag) const {
+    auto flag = [](bool b) { return b ? "true" : "false"; };
+    *name = std::string("fwd_") + (kDtype == FA3_DTYPE_BF16 ? "bf16" : "fp16") + "_" + tag + "_m" +
+            flag(Feat::kMasked) + "_s" + flag(Feat::kSoftcap) + "_v" + flag(Feat::kVarlen);
+    return Status();
+  }
+};
+
+template <int kDtype, class Feat, int kHeadDim, class Op>
+Status by_tile(const FwdProblem& f, const Op& op) {
   using attn::FwdConfig;
-  if constexpr (attn::has_alt_tile(kHeadDim, kMasked))
-    if (attn::use_alt_tile(kHeadDim, kMasked, f.p->seqlen_q, f.p->seqlen_k))
-      return attn::launch_fwd<kDtype, FwdConfig<kHeadDim, true>, kMasked>(f, stream);
-  return attn::launch_fwd<kDtype, FwdConfig<kHeadDim, false>, kMasked>(f, stream);
+  static const std::string tag = "d" + std::to_string(kHeadDim), alt_tag = tag + "alt";
+  // Softcap and varlen have each head dim's first tile only.
+  if constexpr (!Feat::kSoftcap && !Feat::kVarlen && attn::has_alt_tile(kHeadDim, Feat::kMasked))
+    if (attn::use_alt_tile(kHeadDim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k))
+      return op.template run<kDtype, FwdConfig<kHeadDim, true>, Feat>(f, alt_tag.c_str());
+  return op.template run<kDtype, FwdConfig<kHeadDim, false>, Feat>(f, tag.c_str());
 }
 
-template <int kDtype, bool kMasked>
-Status by_head_dim(const FwdProblem& f, cudaStream_t stream) {
-  switch (attn::padded_head_dim(f.p->head_dim_qk)) {
-    case 64: return by_tile<kDtype, kMasked, 64>(f, stream);
-    case 96: return by_tile<kDtype, kMasked, 96>(f, stream);
-    case 128: return by_tile<kDtype, kMasked, 128>(f, stream);
-    case 192: return by_tile<kDtype, kMasked, 192>(f, stream);
-    default: return by_tile<kDtype, kMasked, 256>(f, stream);
+template <int kDtype, class Feat, class Op>
+Status by_head_dim(const FwdProblem& f, const Op& op) {
+  const int dqk = attn::padded_head_dim(f.p->head_dim_qk), dv = attn::padded_head_dim(f.p->head_dim_v);
+  if constexpr (!Feat::kSoftcap)
+    if (attn::has_qkv_tile(dqk, dv)) return op.template run<kDtype, attn::FwdConfigQkV<192, 128>, Feat>(f, "d192v128");
+  switch (std::max(dqk, dv)) {
+    case 64: return by_tile<kDtype, Feat, 64>(f, op);
+    case 96: return by_tile<kDtype, Feat, 96>(f, op);
+    case 128: return by_tile<kDtype, Feat, 128>(f, op);
+    case 192: return by_tile<kDtype, Feat, 192>(f, op);
+    default: return by_tile<kDtype, Feat, 256>(f, op);
   }
 }
 
-template <int kDtype>
-Status by_mask(const FwdProblem& f, cudaStream_t stream) {
-  return f.has_mask() ? by_head_dim<kDtype, true>(f, stream) : by_head_dim<kDtype, false>(f, stream);
+template <int kDtype, bool kMasked, bool kSoftcap, class Op>
+Status by_varlen(const FwdProblem& f, const Op& op) {
+  return f.varlen_q || f.varlen_k ? by_head_dim<kDtype, FwdFeatures<kMasked, kSoftcap, true>>(f, op)
+                                  : by_head_dim<kDtype, FwdFeatures<kMasked, kSoftcap, false>>(f, op);
+}
+
+template <int kDtype, bool kMasked, class Op>
+Status by_softcap(const FwdProblem& f, const Op& op) {
+  return f.p->softcap > 0.f ? by_varlen<kDtype, kMasked, true>(f, op) : by_varlen<kDtype, kMasked, false>(f, op);
+}
+
+template <int kDtype, class Op>
+Status by_mask(const FwdProblem& f, const Op& op) {
+  return f.has_mask() ? by_softcap<kDtype, true>(f, op) : by_softcap<kDtype, false>(f, op);
+}
+
+template <class Op>
+Status dispatch(const FwdProblem& f, const Op& op) {
+  if (const char* why = hopper_fwd_unsupported_reason(f)) return not_supported(std::string("hopper kernel: ") + why);
+  return f.p->dtype == FA3_DTYPE_BF16 ? by_mask<FA3_DTYPE_BF16>(f, op) : by_mask<FA3_DTYPE_FP16>(f, op);
 }
 
 }  // namespace
 
-Status hopper_fwd(const FwdProblem& f, cudaStream_t stream) {
-  if (const char* why = hopper_fwd_unsupported_reason(f)) return not_supported(std::string("hopper kernel: ") + why);
-  return f.p->dtype == FA3_DTYPE_BF16 ? by_mask<FA3_DTYPE_BF16>(f, stream) : by_mask<FA3_DTYPE_FP16>(f, stream);
-}
+Status hopper_fwd(const FwdProblem& f, cudaStream_t stream) { return dispatch(f, Launch{stream}); }
 
-}  // namespace fa3::detail
-
-namespace fa3::detail {
-
-Status hopper_fwd_schedule(const FwdProblem& f, int sched, cudaStream_t stream) {
-  if (f.p->dtype != FA3_DTYPE_BF16 || attn::padded_head_dim(f.p->head_dim_qk) != 128 || f.has_mask() ||
-      hopper_fwd_unsupported_reason(f) != nullptr)
-    return not_supported("schedule ablation: only bf16, head dim 128, no mask");
-  using Product = attn::FwdConfig<128, false>;  // the product's tile at the ablation's shape (s = 8448)
-  constexpr int kProduct = Product::kSchedule, kNoOverlap = kProduct & ~attn::kOverlap,
-                kPingpongFlipped = kProduct ^ attn::kPingpong;
-  switch (sched) {
-    case kProduct: return attn::launch_fwd<FA3_DTYPE_BF16, Product, false>(f, stream);
-    case kNoOverlap:
-      return attn::launch_fwd<FA3_DTYPE_BF16, attn::WithSchedule<Product, kNoOverlap>, false>(f, stream);
-    case kPingpongFlipped:
-      return attn::launch_fwd<FA3_DTYPE_BF16, attn::WithSchedule<Product, kPingpongFlipped>, false>(f, stream);
-    default:
-      return invalid("schedule ablation: sched must be the product's flags, without kOverlap, or with kPingpong flipped");
-  }
-}
+Status hopper_fwd_instance(const FwdProblem& f, std::string* name) { return dispatch(f, Describe{name}); }
 
 }  // namespace fa3::detail

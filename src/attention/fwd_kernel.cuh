@@ -3,6 +3,7 @@
 #pragma once
 #include "src/attention/consumer.cuh"
 #include "src/attention/fwd_config.h"
+#include "src/attention/fwd_features.h"
 #include "src/attention/fwd_params.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/mainloop_load.cuh"
@@ -24,7 +25,7 @@ struct FwdLaunchShape {
                 "setmaxnreg.inc would wait forever for registers");
 };
 
-template <class Elem, class Cfg, bool kMasked>
+template <class Elem, class Cfg, class Feat>
 __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   using Shape = FwdLaunchShape<Cfg>;
   extern __shared__ uint8_t smem_raw[];
@@ -41,12 +42,12 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   const int wg = hopper::warpgroup_index();
   if (wg == 0) {
     hopper::setmaxnreg_dec<Shape::kProducerRegs>();
-    if (threadIdx.x / hopper::kWarpSize == 0) MainloopLoad<Cfg, kMasked>{p, smem}.run();
+    if (threadIdx.x / hopper::kWarpSize == 0) MainloopLoad<Cfg, Feat>{p, smem}.run();
     return;
   }
 
   hopper::setmaxnreg_inc<Shape::kConsumerRegs>();
-  FwdConsumer<Elem, Cfg, kMasked>(p, smem, wg - 1, threadIdx.x % hopper::kWarpgroupSize).run();
+  FwdConsumer<Elem, Cfg, Feat>(p, smem, wg - 1, threadIdx.x % hopper::kWarpgroupSize).run();
 }
 
 }  // namespace fa3::attn

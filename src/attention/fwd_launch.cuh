@@ -46,17 +46,22 @@ inline Status sm_count(int* count) {
 
 // Declared in fwd_launch.h; instantiated per generated file for the product's tiles (FwdConfig) and
 // by the tuning benchmark for other TileConfigs.
-template <int kDtype, class Cfg, bool kMasked>
+template <int kDtype, class Cfg, class Feat>
 Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   using Elem = ElemOf<kDtype>;
   const fa3_fwd_params& a = *f.p;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   FwdKernelParams p{};
-  const int d = a.head_dim_qk;
-  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, d, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
-  FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, d, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, d, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, d, a.seqlen_q, a.heads_q, a.batch, 64));
+  const int dqk = a.head_dim_qk, dv = a.head_dim_v;
+  // Packed varlen tensors are one batch entry of total rows; each sequence starts at its
+  // cu_seqlens row (seqlen_info.cuh).
+  const bool packed_q = Feat::kVarlen && a.cu_seqlens_q != nullptr, packed_k = Feat::kVarlen && a.cu_seqlens_k != nullptr;
+  const int q_rows = packed_q ? a.total_q : a.seqlen_q, q_batch = packed_q ? 1 : a.batch;
+  const int k_rows = packed_k ? a.total_k : a.seqlen_k, k_batch = packed_k ? 1 : a.batch;
+  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, dqk, q_rows, a.heads_q, q_batch, Cfg::kBlockM));
+  FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, k_rows, a.heads_kv, k_batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, k_rows, a.heads_kv, k_batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, q_rows, a.heads_q, q_batch, 64));
   p.o = a.out.data;
   p.o_batch_stride = a.out.batch_stride;
   p.o_row_stride = a.out.row_stride;
@@ -67,16 +72,29 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.head_ratio = a.heads_q / a.heads_kv;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
-  p.head_dim = d;
-  p.scale_log2 = f.scale * 1.4426950408889634f;
+  p.head_dim_qk = dqk;
+  p.head_dim_v = dv;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if constexpr (Feat::kSoftcap) {  // exp2 of softcap * tanh(scale * s / softcap) * log2(e): score_mod.cuh
+    p.scale_log2 = a.softcap * kLog2e;
+    p.softcap_scale = f.scale / a.softcap;
+  } else {
+    p.scale_log2 = f.scale * kLog2e;
+    p.softcap_scale = 0.f;
+  }
   p.window_left = f.window_left;
   p.window_right = f.window_right;
   p.num_m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
-  p.lpt_order = kMasked;
-  p.every_row_sees_a_key = !kMasked || (f.window_left < 0 && a.seqlen_q <= a.seqlen_k);
+  p.lpt_order = Feat::kMasked && !Feat::kVarlen;
+  p.every_row_sees_a_key = !Feat::kMasked || (f.window_left < 0 && a.seqlen_q <= a.seqlen_k);
+  p.cu_seqlens_q = a.cu_seqlens_q;
+  p.cu_seqlens_k = a.cu_seqlens_k;
+  p.seqused_q = a.seqused_q;
+  p.seqused_k = a.seqused_k;
+  p.total_q = a.total_q;
 
-  auto kernel = fwd_kernel<Elem, Cfg, kMasked>;
+  auto kernel = fwd_kernel<Elem, Cfg, Feat>;
   constexpr int kSmem = FwdSmem<Cfg>::kBytes;
   FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   int sms = 0;
@@ -92,6 +110,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
 }  // namespace fa3::attn
 
 // One explicit instantiation per generated file (see CMakeLists.txt); the tile type comes last, as
-// variadic arguments, because it contains commas.
-#define FA3_INSTANTIATE_FWD(DTYPE, MASKED, ...) \
-  template fa3::Status fa3::attn::launch_fwd<DTYPE, __VA_ARGS__, MASKED>(const fa3::detail::FwdProblem&, cudaStream_t);
+// variadic arguments, because it contains commas. FEATURES: masked, softcap, varlen (FwdFeatures).
+#define FA3_INSTANTIATE_FWD(DTYPE, MASKED, SOFTCAP, VARLEN, ...)                                       \
+  template fa3::Status fa3::attn::launch_fwd<DTYPE, __VA_ARGS__, fa3::attn::FwdFeatures<MASKED, SOFTCAP, VARLEN>>( \
+      const fa3::detail::FwdProblem&, cudaStream_t);

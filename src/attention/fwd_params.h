@@ -7,22 +7,34 @@
 namespace fa3::attn {
 
 struct FwdKernelParams {
-  CUtensorMap tma_q, tma_k, tma_v, tma_o;  // 4-D maps [batch][heads][seqlen][head_dim], 128B swizzle
+  // 4-D maps [batch][heads][rows][head_dim], 128B swizzle; packed varlen tensors are one batch entry
+  // of total_q / total_k rows (seqlen_info.cuh gives each sequence's first row).
+  CUtensorMap tma_q, tma_k, tma_v, tma_o;
 
-  void* o;  // for rows written without TMA (tiles with no visible key): element strides below
+  void* o;  // for rows written without TMA (zero tiles, varlen): element strides below
   int64_t o_batch_stride, o_row_stride, o_head_stride;
-  float* lse;  // optional, [batch][heads_q][seqlen_q]
+  float* lse;  // optional, [batch][heads_q][seqlen_q] (packed varlen Q: [heads_q][total_q])
 
   int batch, heads_q, head_ratio;  // head_ratio = heads_q / heads_kv (GQA: kv head = head / ratio)
-  int seqlen_q, seqlen_k, head_dim;
-  float scale_log2;                // softmax scale * log2(e): scores go straight into exp2
+  int seqlen_q, seqlen_k;          // varlen: the longest sequence (bounds the walk)
+  int head_dim_qk, head_dim_v;     // as called; the kernel's (padded) head dims are in its TileConfig
+  float scale_log2;                // softmax scale * log2(e) (softcap: softcap * log2(e)): scores go straight into exp2
+  float softcap_scale;             // softcap: scores s -> tanh(s * softcap_scale), = softmax scale / softcap
   int window_left, window_right;   // -1 = unbounded; causal is window_right = 0
-  int num_m_blocks, num_tiles;
+  int num_m_blocks, num_tiles;     // varlen: of the longest sequence, and an upper bound
   // No mask, or no left window edge and seqlen_q <= seqlen_k: every query row sees key 0 (causal is
-  // bottom-right aligned), so the mask may hide scores with a finite value (mask.cuh).
+  // bottom-right aligned), so the mask may hide scores with a finite value (mask.cuh). Varlen
+  // kernels decide it per sequence (seqlen_info.cuh).
   bool every_row_sees_a_key;
   int pair_rounds;                 // masked problems: rounds of pairs before the tail (tile_scheduler.cuh)
   bool lpt_order;                  // masked problems: the paired + longest-first order (tile_scheduler.cuh)
+
+  // Variable-length batches (FwdFeatures::kVarlen): the API's arrays, any of them null.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* seqused_q;
+  const int* seqused_k;
+  int total_q;                     // rows of packed Q/O (LSE's row count then)
 };
 
 }  // namespace fa3::attn

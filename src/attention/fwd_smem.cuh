@@ -1,6 +1,7 @@
 // Shared-memory layout of the forward kernel and the named barriers its warpgroups use.
-// Tiles are TMA images with the 128-byte swizzle: panels of 64 columns, [rows][128 B] each,
-// every tile 1024-byte aligned (the swizzle atom) so descriptors keep base_offset 0.
+// Tiles are TMA images with the 128-byte swizzle (hopper::SmemTile: panels of 64 16-bit columns,
+// [rows][128 B] each), every tile 1024-byte aligned (the swizzle atom) so descriptors keep
+// base_offset 0.
 #pragma once
 #include <cstdint>
 
@@ -11,40 +12,45 @@ namespace fa3::attn {
 
 template <class Cfg>
 struct FwdSmem {
-  static constexpr int kPanels = (Cfg::kHeadDim + 63) / 64;
-  static constexpr int kQPanelBytes = Cfg::kBlockM * hopper::kSwizzleBytes;
-  static constexpr int kKVPanelBytes = Cfg::kBlockN * hopper::kSwizzleBytes;
-  static constexpr int kQBytes = kPanels * kQPanelBytes;
-  static constexpr int kKVBytes = kPanels * kKVPanelBytes;
-  static_assert(kKVPanelBytes % 1024 == 0 && kQPanelBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
+  // Q and K have head_dim_qk columns, V and O head_dim_v (TileConfig::kHeadDimV). O is staged for
+  // its store in a tile of the query rows, or (kOInKV) in 64-row tiles: one per warpgroup.
+  using QTile = hopper::SmemTile16<Cfg::kBlockM, Cfg::kHeadDim>;
+  using KTile = hopper::SmemTile16<Cfg::kBlockN, Cfg::kHeadDim>;
+  using VTile = hopper::SmemTile16<Cfg::kBlockN, Cfg::kHeadDimV>;
+  using OTile = hopper::SmemTile16<Cfg::kBlockM, Cfg::kHeadDimV>;
+  using OWarpgroupTile = hopper::SmemTile16<64, Cfg::kHeadDimV>;
+  static constexpr int kQBytes = QTile::kBytes, kKBytes = KTile::kBytes, kVBytes = VTile::kBytes;
+  static constexpr int kOBytes = OTile::kBytes;
   // Q is double-buffered when it fits, so the next tile's Q loads while this tile still runs
   // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
   // (+1024 alignment slack, +256 an upper bound of the barriers, whose size depends on kQStages)
   static constexpr int kBytesWithoutQ =
-      Cfg::kStages * 2 * kKVBytes + (Cfg::kOInKV ? 0 : kQBytes) + 1024 + 256;
+      Cfg::kStages * (kKBytes + kVBytes) + (Cfg::kOInKV ? 0 : kOBytes) + 1024 + 256;
   static constexpr int kQStages = kBytesWithoutQ + 2 * kQBytes <= 227 * 1024 ? 2 : 1;
   // kOInKV: one warpgroup's 64 rows of O (panels of 64 rows) fit in a K or a V stage.
-  static_assert(!Cfg::kOInKV || (Cfg::kBlockN >= 64 && Cfg::kBlockM == 128), "O in K/V stages: 2 consumers, >= 64 keys");
+  static_assert(!Cfg::kOInKV || (Cfg::kBlockN >= 64 && Cfg::kBlockM == 128 && Cfg::kHeadDimV == Cfg::kHeadDim),
+                "O in K/V stages: 2 consumers, >= 64 keys, one head dim");
 
   // Byte offsets from the 1024-aligned base. O is staged for its TMA store in a tile of its own, or
   // (kOInKV, when smem is short) in the K and V stages of the tile's last key block (consumer.cuh);
   // where 64 rows of O still fit (kOHalf), consumer 0 stages in a half tile of its own instead of
   // the K stage, which the producer needs sooner than the V stage.
   static constexpr int kOffK = kQStages * kQBytes;
-  static constexpr int kOffV = kOffK + Cfg::kStages * kKVBytes;
-  static constexpr int kOffO = kOffV + Cfg::kStages * kKVBytes;
-  static constexpr int kOHalfBytes = 64 * kPanels * hopper::kSwizzleBytes;
+  static constexpr int kOffV = kOffK + Cfg::kStages * kKBytes;
+  static constexpr int kOffO = kOffV + Cfg::kStages * kVBytes;
+  static constexpr int kOHalfBytes = OWarpgroupTile::kBytes;
   static constexpr bool kOHalf = Cfg::kOInKV && kOffO + kOHalfBytes + 256 + 1024 <= 227 * 1024;
-  static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? (kOHalf ? kOHalfBytes : 0) : kQBytes);
+  static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? (kOHalf ? kOHalfBytes : 0) : kOBytes);
 
   // The producer's note on the tile whose Q a stage holds, written before the stage's arrival
   // (release) and read by the consumers after their wait on it (acquire): the consumers never run
   // the tile walk themselves (tile_scheduler.cuh; its integer divisions were 7% of their
-  // instructions at d64 causal 512, perf-log step 48). m_block < 0: the walk ended (no Q loaded).
-  // step: the tile's place in this CTA's walk; the steps skipped since the previous note are tiles
-  // without any visible key, which the consumers fill with zeros.
+  // instructions at d64 causal 512). m_block < 0: the walk ended (no Q loaded). Tiles without a
+  // visible key get no note (the producer writes their zeros). The sequence's lengths and first
+  // rows are its SeqlenInfo (varlen kernels read them).
   struct TileNote {
-    int m_block, head, batch, n_min, n_max, step;
+    int m_block, head, batch, n_min, n_max;
+    int seqlen_q, seqlen_k, q_row0, k_row0;
   };
   struct Barriers {
     hopper::PipelineBarriers<kQStages> q;
@@ -59,8 +65,8 @@ struct FwdSmem {
   __device__ __forceinline__ explicit FwdSmem(uint8_t* raw)
       : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))) {}
   __device__ __forceinline__ uint8_t* q(int stage) const { return base + stage * kQBytes; }
-  __device__ __forceinline__ uint8_t* k(int stage) const { return base + kOffK + stage * kKVBytes; }
-  __device__ __forceinline__ uint8_t* v(int stage) const { return base + kOffV + stage * kKVBytes; }
+  __device__ __forceinline__ uint8_t* k(int stage) const { return base + kOffK + stage * kKBytes; }
+  __device__ __forceinline__ uint8_t* v(int stage) const { return base + kOffV + stage * kVBytes; }
   __device__ __forceinline__ uint8_t* o() const { return base + kOffO; }
   __device__ __forceinline__ Barriers& bars() const { return *reinterpret_cast<Barriers*>(base + kOffBarriers); }
 };

@@ -1,53 +1,87 @@
 // The producer warp: walks this CTA's tiles (tile_scheduler.cuh) and, for each, TMA-loads Q once,
-// with a note that tells the consumers which tile it is (FwdSmem::TileNote), and streams K/V blocks
-// through the stage rings in the order the consumers use them (K of block n-1 before V of block n,
-// since the consumers' QK^T runs one block ahead of their PV).  One elected lane issues every copy.
+// with a note that tells the consumers which tile it is and its sequence info (FwdSmem::TileNote),
+// and streams K/V blocks through the stage rings in the order the consumers use them (K of block
+// n-1 before V of block n, since the consumers' QK^T runs one block ahead of their PV). Tiles
+// without a visible key never reach the consumers: the producer writes their zeros itself.
+// One elected lane does all of it: with the whole warp in the loop, ptxas spilled in the consumers
+// (d64's 160-register tile) as well.
 #pragma once
 #include "src/attention/block_info.cuh"
+#include "src/attention/fwd_features.h"
 #include "src/attention/fwd_smem.cuh"
+#include "src/attention/seqlen_info.cuh"
 #include "src/attention/tile_scheduler.cuh"
 #include "src/hopper/tma.cuh"
 
 namespace fa3::attn {
 
-template <class Cfg, bool kMasked>
+template <class Cfg, class Feat>
 struct MainloopLoad {
   using Smem = FwdSmem<Cfg>;
+  using Seq = SeqlenInfo<Feat::kVarlen>;
 
   const FwdKernelParams& p;
   Smem smem;
 
-  __device__ __forceinline__ void load_tile(const CUtensorMap* map, uint8_t* dst, int panel_bytes, int row, int head,
-                                            int batch, uint64_t* bar) const {
+  // Rows [row, row + Tile::kRows) of one head into a Tile: one TMA box per panel.
+  template <class Tile>
+  __device__ __forceinline__ void load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
+                                            uint64_t* bar) const {
 #pragma unroll
-    for (int pn = 0; pn < Smem::kPanels; ++pn)
-      hopper::tma_load_4d(dst + pn * panel_bytes, map, pn * 64, row, head, batch, bar);
+    for (int pn = 0; pn < Tile::kPanels; ++pn)
+      hopper::tma_load_4d(dst + Tile::panel_offset(pn), map, Tile::panel_col(pn), row, head, batch, bar);
   }
 
   struct NoNote {
     __device__ __forceinline__ void operator()(int) const {}
   };
-  // Waits for a free buffer of the ring, then loads rows [row, row + rows) of one head into it.
+  // Waits for a free buffer of the ring, then loads a Tile of rows [row, ...) of one head into it.
   // `note(stage)` runs once the buffer is free and before the arrival that publishes it (Q's note).
-  template <int kRing, class Note = NoNote>
+  template <class Tile, int kRing, class Note = NoNote>
   __device__ __forceinline__ void load_stage(const CUtensorMap* map, hopper::PipelineBarriers<kRing>& ring,
                                              hopper::PipelineState<kRing>& st, uint8_t* (Smem::*buffer)(int) const,
-                                             int tile_bytes, int panel_bytes, int row, int head, int batch,
-                                             Note&& note = {}) const {
+                                             int row, int head, int batch, Note&& note = {}) const {
     ring.producer_acquire(st);
     note(st.index);
-    hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], tile_bytes);
-    load_tile(map, (smem.*buffer)(st.index), panel_bytes, row, head, batch, &ring.full[st.index]);
+    hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], Tile::kBytes);
+    load_tile<Tile>(map, (smem.*buffer)(st.index), row, head, batch, &ring.full[st.index]);
     st.advance();
   }
-  __device__ __forceinline__ void load_kv(const CUtensorMap* map, hopper::PipelineBarriers<Cfg::kStages>& ring,
-                                          hopper::PipelineState<Cfg::kStages>& st, uint8_t* (Smem::*buffer)(int) const,
-                                          int n, int kv_head, int batch) const {
-    load_stage(map, ring, st, buffer, Smem::kKVBytes, Smem::kKVPanelBytes, n * Cfg::kBlockN, kv_head, batch);
+  // Key block n of a tile: rows from the sequence's first key row.
+  __device__ __forceinline__ void load_k(hopper::PipelineBarriers<Cfg::kStages>& ring,
+                                         hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
+                                         const Seq& seq) const {
+    load_stage<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, seq.k_row0() + n * Cfg::kBlockN, kv_head,
+                                     seq.k_batch(p));
+  }
+  __device__ __forceinline__ void load_v(hopper::PipelineBarriers<Cfg::kStages>& ring,
+                                         hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
+                                         const Seq& seq) const {
+    load_stage<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, seq.k_row0() + n * Cfg::kBlockN, kv_head,
+                                     seq.k_batch(p));
   }
 
-  // Run by one elected lane of the producer warp.
-  __device__ void run() const {
+  struct Tile {
+    WorkTile w;
+    BlockRange r;
+    Seq seq;
+  };
+
+  // A tile whose rows see no key: O = 0 and LSE = -inf (the rows inside the sequence), 16-byte
+  // stores by the warp's lanes. Rare (causal with seqlen_q > seqlen_k, windows, empty key ranges),
+  // and off the consumers' registers, which hold S, P and O across their tile loop.
+  __device__ void store_zero(const Tile& t) const {
+    const int row0 = t.w.m_block * Cfg::kBlockM, rows = min(Cfg::kBlockM, t.seq.seqlen_q(p) - row0);
+    uint16_t* o = static_cast<uint16_t*>(p.o) + t.seq.o_offset(p, t.w.head) + int64_t(row0) * p.o_row_stride;
+    float* lse = p.lse == nullptr ? nullptr : p.lse + t.seq.lse_offset(p, t.w.head) + row0;
+    for (int r = 0; r < rows; ++r, o += p.o_row_stride) {
+      for (int c = 0; c < p.head_dim_v; c += 8) *reinterpret_cast<uint4*>(o + c) = make_uint4(0, 0, 0, 0);
+      if (lse != nullptr) lse[r] = -INFINITY;  // (head_dim_v is a multiple of 8: validated)
+    }
+  }
+
+  // Run by the producer warp (one lane goes on).
+  __device__ void run() {
     if (!hopper::elect_one()) return;
     auto& bars = smem.bars();
     hopper::PipelineState<Cfg::kStages> k_st, v_st;
@@ -56,53 +90,64 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_k);
     hopper::tma_prefetch_map(&p.tma_v);
     int step = 0;
-    auto next_tile = [&](WorkTile& t, BlockRange& r) {
-      return next_visible_tile<Cfg::kBlockM, Cfg::kBlockN>(step, blockIdx.x, gridDim.x, p, t, r);
+    VarlenTileWalk varlen_walk(p);
+    auto note_of = [&](const Tile& t) {
+      return typename Smem::TileNote{t.w.m_block, t.w.head,        t.w.batch,       t.r.n_min, t.r.n_max,
+                                     t.seq.seqlen_q(p), t.seq.seqlen_k(p), t.seq.q_row0(), t.seq.k_row0()};
     };
-    auto load_first_k = [&](const WorkTile& t, const BlockRange& r) {
-      load_kv(&p.tma_k, bars.k, k_st, &Smem::k, r.n_max - 1, t.head / p.head_ratio, t.batch);
+    // The CTA's next tile with a visible key; the ones without on the way get their zeros.
+    auto next_tile = [&](Tile& t) {
+      for (;;) {
+        if constexpr (Feat::kVarlen) {
+          const auto st = varlen_walk.template tile<Cfg::kBlockM>(step++, blockIdx.x, gridDim.x, p, t.w);
+          if (st == VarlenTileWalk::kEnd) return false;
+          if (st == VarlenTileWalk::kSkip) continue;
+        } else if (!tile_at_step(step++, blockIdx.x, gridDim.x, p, t.w)) {
+          return false;
+        }
+        t.seq = Seq(p, t.w.batch);
+        t.r = block_range<Cfg::kBlockM, Cfg::kBlockN>(t.w.m_block, t.seq, p);
+        if (!t.r.empty()) return true;
+        store_zero(t);
+      }
     };
-    // Q with the tile's note (fwd_smem.cuh): its step is step - 1, next_tile() having moved past it.
-    auto load_q = [&](const WorkTile& t, const BlockRange& r) {
-      load_stage(&p.tma_q, bars.q, q_st, &Smem::q, Smem::kQBytes, Smem::kQPanelBytes, t.m_block * Cfg::kBlockM, t.head,
-                 t.batch, [&](int stage) { bars.note[stage] = {t.m_block, t.head, t.batch, r.n_min, r.n_max, step - 1}; });
+    auto load_first_k = [&](const Tile& t) { load_k(bars.k, k_st, t.r.n_max - 1, t.w.head / p.head_ratio, t.seq); };
+    auto load_q = [&](const Tile& t) {
+      load_stage<typename Smem::QTile>(&p.tma_q, bars.q, q_st, &Smem::q, t.seq.q_row0() + t.w.m_block * Cfg::kBlockM,
+                                       t.w.head, t.seq.q_batch(p), [&](int stage) { bars.note[stage] = note_of(t); });
     };
-    // After the last tile: a note without Q, whose step is the walk's length.
-    auto announce_end = [&] {
-      bars.q.producer_acquire(q_st);
-      bars.note[q_st.index] = {-1, 0, 0, 0, 0, step - 1};
-      hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
-    };
-    WorkTile w;
-    BlockRange r;
-    bool more = next_tile(w, r);
+    Tile t{{0, 0, 0}, {0, 0}, Seq::unset(p)};
+    bool more = next_tile(t);
     if (more) {
       // The first K block does not depend on Q's buffer: start it before waiting for Q to drain.
-      load_first_k(w, r);
-      load_q(w, r);
+      load_first_k(t);
+      load_q(t);
     }
     while (more) {
-      const int kv_head = w.head / p.head_ratio;
-      for (int n = r.n_max - 2; n >= r.n_min; --n) {
-        load_kv(&p.tma_k, bars.k, k_st, &Smem::k, n, kv_head, w.batch);
-        load_kv(&p.tma_v, bars.v, v_st, &Smem::v, n + 1, kv_head, w.batch);
+      const int kv_head = t.w.head / p.head_ratio;
+      // The next tile before this one's K/V: the varlen walk reads sequence lengths from global
+      // memory, whose latency hides under the waits for free stages here.
+      Tile t_next = t;
+      more = next_tile(t_next);
+      for (int n = t.r.n_max - 2; n >= t.r.n_min; --n) {
+        load_k(bars.k, k_st, n, kv_head, t.seq);
+        load_v(bars.v, v_st, n + 1, kv_head, t.seq);
       }
-      WorkTile w_next;
-      BlockRange r_next;
-      more = next_tile(w_next, r_next);
       // The next tile's first K block (and Q, given a second buffer) before this tile's last V:
       // with the cross-tile overlap the consumers use them together. A single Q buffer frees only
       // after this tile's last QK^T, and the consumers need the last V first: that Q comes after it.
       if (more) {
-        load_first_k(w_next, r_next);
-        if constexpr (Smem::kQStages == 2) load_q(w_next, r_next);
+        load_first_k(t_next);
+        if constexpr (Smem::kQStages == 2) load_q(t_next);
       }
-      load_kv(&p.tma_v, bars.v, v_st, &Smem::v, r.n_min, kv_head, w.batch);
-      if (more && Smem::kQStages == 1) load_q(w_next, r_next);
-      w = w_next;
-      r = r_next;
+      load_v(bars.v, v_st, t.r.n_min, kv_head, t.seq);
+      if (more && Smem::kQStages == 1) load_q(t_next);
+      t = t_next;
     }
-    announce_end();
+    // The end: a note without Q (m_block < 0), whose arrival completes the stage.
+    bars.q.producer_acquire(q_st);
+    bars.note[q_st.index] = {-1, 0, 0, 0, 0, 0, 0, 0, 0};
+    hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
   }
 };
 

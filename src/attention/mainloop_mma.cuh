@@ -16,18 +16,25 @@
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_config.h"
 #include "src/attention/fwd_smem.cuh"
+#include "src/attention/fwd_features.h"
 #include "src/attention/mask.cuh"
+#include "src/attention/score_mod.cuh"
+#include "src/attention/seqlen_info.cuh"
 #include "src/attention/softmax.cuh"
 #include "src/hopper/wgmma.cuh"
 
 namespace fa3::attn {
 
-template <class Elem, class Cfg, bool kMasked>
+template <class Elem, class Cfg, class Feat>
 struct MainloopMma {
   static constexpr int kSched = Cfg::kSchedule;
+  static constexpr bool kMasked = Feat::kMasked;
   using Smem = FwdSmem<Cfg>;
   using Mma = hopper::Mma16<Elem>;
-  static constexpr int kD = Cfg::kHeadDim, kN = Cfg::kBlockN, kM = Cfg::kBlockM;
+  using Seq = SeqlenInfo<Feat::kVarlen>;
+  using Scores = ScoreMod<Feat::kSoftcap>;
+  // kDqk: Q/K columns (the QK^T reduction), kDv: V/O columns (O's accumulator).
+  static constexpr int kDqk = Cfg::kHeadDim, kDv = Cfg::kHeadDimV, kN = Cfg::kBlockN, kM = Cfg::kBlockM;
   static constexpr int kConsumers = kM / 64;
   static constexpr bool kUsePingpong = (kSched & Schedule::kPingpong) != 0;
   static constexpr bool kUseOverlap = (kSched & Schedule::kOverlap) != 0;
@@ -39,7 +46,7 @@ struct MainloopMma {
   // Middle blocks without kExpUnderPv under the lazy rescale: exponentials against the running max
   // first, the row max only where they could exceed 2^8 (OnlineSoftmax::exponentiate_stale).
   static constexpr bool kStaleMax = kLazyRescale && !kExpUnderPv;
-  static_assert(kN % 16 == 0 && kD % 16 == 0, "wgmma k-steps are 16 wide");
+  static_assert(kN % 16 == 0 && kDqk % 16 == 0 && kDv % 16 == 0, "wgmma k-steps are 16 wide");
 
   const FwdKernelParams& p;
   Smem smem;
@@ -82,13 +89,13 @@ struct MainloopMma {
   // The first query row of this warpgroup's 64 in m-block m_block.
   __device__ __forceinline__ int wg_row0(int m_block) const { return m_block * kM + consumer * 64; }
 
-  __device__ __forceinline__ int first_block_width(int n, int m_block) const {
+  __device__ __forceinline__ int first_block_width(int n, int m_block, const Seq& seq) const {
     if constexpr (!kNarrowFirst) return kFull;
-    int end = p.seqlen_k;  // one past this warpgroup's last visible key
+    int end = seq.seqlen_k(p);  // one past this warpgroup's last visible key
     if constexpr (kMasked) {
       if (p.window_right >= 0) {
-        const int last_row = min(wg_row0(m_block) + 63, p.seqlen_q - 1);
-        end = min(end, last_row + p.seqlen_k - p.seqlen_q + p.window_right + 1);
+        const int last_row = min(wg_row0(m_block) + 63, seq.seqlen_q(p) - 1);
+        end = min(end, last_row + seq.seqlen_k(p) - seq.seqlen_q(p) + p.window_right + 1);
       }
     }
     const int visible = end - n * kN;
@@ -100,34 +107,38 @@ struct MainloopMma {
   __device__ __forceinline__ void issue_qk(float (&s)[kN / 2], int q_stage, int stage) const {
     hopper::fence_operand(s);
     hopper::wgmma_fence();
-    const uint64_t dq = hopper::make_smem_desc(hopper::smem_u32(smem.q(q_stage)) + consumer * 64 * hopper::kSwizzleBytes, 16, 1024);
-    const uint64_t dk = hopper::make_smem_desc(hopper::smem_u32(smem.k(stage)), 16, 1024);
+    using QTile = typename Smem::QTile;
+    using KTile = typename Smem::KTile;
+    // This warpgroup's 64 rows of Q and the block's keys, both K-major, one k-chunk per wgmma.
+    const uint64_t dq = hopper::make_smem_desc(hopper::smem_u32(smem.q(q_stage)) + QTile::row_offset(consumer * 64),
+                                               QTile::kKMajorLbo, QTile::kKMajorSbo);
+    const uint64_t dk = hopper::make_smem_desc(hopper::smem_u32(smem.k(stage)), KTile::kKMajorLbo, KTile::kKMajorSbo);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {  // 16 columns of the head dim = 32 bytes inside a 128-byte panel row
-      const uint32_t q_off = (kk / 4) * Smem::kQPanelBytes + (kk % 4) * 32;
-      const uint32_t k_off = (kk / 4) * Smem::kKVPanelBytes + (kk % 4) * 32;
-      Mma::template Op<kN>::template ss<0>(s, hopper::desc_advance(dq, q_off), hopper::desc_advance(dk, k_off), kk > 0);
-    }
+    for (int kk = 0; kk < kDqk / Mma::kK; ++kk)
+      Mma::template Op<kN>::template ss<0>(s, hopper::desc_advance(dq, QTile::template k_chunk_offset<Mma::kK>(kk)),
+                                           hopper::desc_advance(dk, KTile::template k_chunk_offset<Mma::kK>(kk)), kk > 0);
     hopper::wgmma_commit();
     hopper::fence_operand(s);
   }
 
   // kKeys: the block's first kKeys keys (P's first kKeys/16 k-steps).
   template <int kKeys = kN>
-  __device__ __forceinline__ void issue_pv_keys(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
+  __device__ __forceinline__ void issue_pv_keys(float (&o)[kDv / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
     hopper::fence_operand(o);
     hopper::wgmma_fence();
-    // V is [keys][d] with d contiguous: N-major B. LBO = bytes between 64-column panels of d,
-    // SBO = 8 keys; each k-step advances 16 keys = 16 rows of 128 bytes.
-    const uint64_t dv = hopper::make_smem_desc(hopper::smem_u32(smem.v(stage)), Smem::kKVPanelBytes, 1024);
+    // V is [keys][d] with d contiguous: N-major B (the descriptor steps V's panels of d), each
+    // k-step 16 keys.
+    using VTile = typename Smem::VTile;
+    const uint64_t dv = hopper::make_smem_desc(hopper::smem_u32(smem.v(stage)), VTile::kNMajorLbo, VTile::kNMajorSbo);
 #pragma unroll
-    for (int kb = 0; kb < kKeys / 16; ++kb)
-      Mma::template Op<kD>::template rs<1>(o, pa[kb], hopper::desc_advance(dv, kb * 16 * hopper::kSwizzleBytes), 1);
+    for (int kb = 0; kb < kKeys / Mma::kK; ++kb)
+      Mma::template Op<kDv>::template rs<1>(o, pa[kb], hopper::desc_advance(dv, VTile::template row_chunk_offset<Mma::kK>(kb)),
+                                            1);
     hopper::wgmma_commit();
     hopper::fence_operand(o);
   }
   // The PV of the block whose softmax ran last, at that block's width.
-  __device__ __forceinline__ void issue_pv(float (&o)[kD / 2], const uint32_t (&pa)[kN / 16][4], int stage) {
+  __device__ __forceinline__ void issue_pv(float (&o)[kDv / 2], const uint32_t (&pa)[kN / 16][4], int stage) {
     const int width = pv_width;
     pv_width = kFull;
     if (width == kFull) issue_pv_keys(o, pa, stage);
@@ -168,36 +179,38 @@ struct MainloopMma {
     kept = false;
   }
 
-  __device__ __forceinline__ static void rescale(float (&o)[kD / 2], const float (&c)[2]) {
+  __device__ __forceinline__ static void rescale(float (&o)[kDv / 2], const float (&c)[2]) {
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] *= c[(i >> 1) & 1];
+    for (int i = 0; i < kDv / 2; ++i) o[i] *= c[(i >> 1) & 1];
   }
 
   static constexpr bool kRelativeMask = kN >= 128;  // mask.cuh
   __device__ __forceinline__ int row0_of_thread(int m_block) const {
     return wg_row0(m_block) + (thread / 32) * 16 + (thread % 32) / 4;
   }
-  __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block) const {
-    if (block_needs_mask<kM, kN, kMasked>(n, m_block, p))
-      apply_mask<kN, kMasked, kRelativeMask>(s, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+  __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block, const Seq& seq) const {
+    if (block_needs_mask<kM, kN, kMasked>(n, m_block, seq, p))
+      apply_mask<kN, kMasked, kRelativeMask>(s, row0_of_thread(m_block), n * kN + 2 * (thread % 4), seq, p);
   }
 
   // Mask, softmax and packing of a tile's first block (n) at its width, which its PV keeps. A
   // fresh row max: nothing to correct. The QK^T ran at full width: ptxas serialises every wgmma of
   // the kernel when GEMMs of two widths join inside a wgmma pipeline stage.
   __device__ __forceinline__ void first_softmax(int width, float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4],
-                                                Softmax& softmax, int n, int m_block) {
+                                                Softmax& softmax, int n, int m_block, const Seq& seq) {
     float corr[2];
     pv_width = width;
     if (width == kFull) {
-      mask_if_needed(s, n, m_block);
+      Scores::apply(s, p);
+      mask_if_needed(s, n, m_block, seq);
       softmax.update_max(s, corr);
       softmax.exponentiate(s);
       Softmax::template pack<Mma>(s, pa);
     } else if constexpr (kCanHalve) {
       if (width == kHalf) {  // a half block always needs its mask
         auto& s_half = reinterpret_cast<float(&)[kHalfN / 2]>(s);
-        apply_mask<kHalfN, kMasked, kRelativeMask>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), p);
+        Scores::apply(s_half, p);
+        apply_mask<kHalfN, kMasked, kRelativeMask>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), seq, p);
         softmax.template update_max<kHalfN>(s_half, corr);
         softmax.template exponentiate<kHalfN>(s_half);
         Softmax::template pack<Mma, kHalfN>(s_half, pa);
@@ -208,7 +221,7 @@ struct MainloopMma {
 
   using SFrag = float[kN / 2];          // S (then P in fp32) of one block
   using PFrag = uint32_t[kN / 16][4];   // P packed to 16 bits: the PV GEMM's A fragments
-  using OFrag = float[kD / 2];
+  using OFrag = float[kDv / 2];
 
   // The tile's first block (n_max-1, the one that may hold the diagonal / the key tail) on its
   // own: S = QK^T, then the softmax into P. O starts at zero.
@@ -219,17 +232,17 @@ struct MainloopMma {
   // the loop (step 29). Never the tile's last block, whose stages may be kept for O (kOInKV); the
   // previous tile's kept stages go back first (the producer needs them).
   static constexpr bool kSkipHidden = kNarrowFirst && kN < 128;
-  __device__ __forceinline__ void begin_tile(int m_block, BlockRange& r, int q_stage, OFrag& o, SFrag& s,
-                                             PFrag& pa, Softmax& softmax) {
+  __device__ __forceinline__ void begin_tile(int m_block, const Seq& seq, BlockRange& r, int q_stage, OFrag& o,
+                                             SFrag& s, PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
-    while (kSkipHidden && r.n_max - 1 > r.n_min && first_block_width(r.n_max - 1, m_block) == kNone) {
+    while (kSkipHidden && r.n_max - 1 > r.n_min && first_block_width(r.n_max - 1, m_block, seq) == kNone) {
       if constexpr (Cfg::kOInKV)
         if (kept) release_kept();
       skip_block();
       --r.n_max;
     }
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < kDv / 2; ++i) o[i] = 0.f;
     bars.k.consumer_wait(k_st);
     turn_wait();
     issue_qk(s, q_stage, k_st.index);
@@ -239,14 +252,14 @@ struct MainloopMma {
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
     release_or_keep(bars.k, k_st, kKeepK && r.n_min == r.n_max - 1, k_last);
-    first_softmax(first_block_width(r.n_max - 1, m_block), s, pa, softmax, r.n_max - 1, m_block);
+    first_softmax(first_block_width(r.n_max - 1, m_block, seq), s, pa, softmax, r.n_max - 1, m_block, seq);
   }
 
   // Blocks n_max-2 .. n_min. Overlap schedule: QK^T of block n goes out with PV of block n+1, and
   // the softmax of block n runs while that PV is in flight. On return P holds the last block's
   // probabilities, whose PV is still to do (end_tile / end_tile_start_next).
-  __device__ __forceinline__ void middle_blocks(int m_block, const BlockRange& r, int q_stage, OFrag& o, SFrag& s,
-                                                PFrag& pa, Softmax& softmax) {
+  __device__ __forceinline__ void middle_blocks(int m_block, const Seq& seq, const BlockRange& r, int q_stage,
+                                                OFrag& o, SFrag& s, PFrag& pa, Softmax& softmax) {
     auto& bars = smem.bars();
     float corr[2];
     auto pv_done = [&] {  // the PV of block n+1 has finished reading P and its V stage
@@ -264,7 +277,8 @@ struct MainloopMma {
       hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
       hopper::fence_operand(s);
       release_or_keep(bars.k, k_st, kKeepK && n == r.n_min, k_last);
-      if constexpr (kMasked) mask_if_needed(s, n, m_block);
+      Scores::apply(s, p);
+      if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
       bool any_rescale;
       if constexpr (kStaleMax) {
         pv_done();  // P is free for the exponentials
@@ -312,13 +326,14 @@ struct MainloopMma {
     hopper::fence_operand(o);
     release(bars.v, v_st);
   }
-  __device__ __forceinline__ void next_first_softmax(int m_next, const BlockRange& r_next, SFrag& s, PFrag& pa,
-                                                     Softmax& next) {
+  __device__ __forceinline__ void next_first_softmax(int m_next, const Seq& seq_next, const BlockRange& r_next,
+                                                     SFrag& s, PFrag& pa, Softmax& next) {
     auto& bars = smem.bars();
     hopper::wgmma_wait<0>();
     hopper::fence_operand(s);
     release(bars.k, k_st);
-    first_softmax(first_block_width(r_next.n_max - 1, m_next), s, pa, next, r_next.n_max - 1, m_next);
+    first_softmax(first_block_width(r_next.n_max - 1, m_next, seq_next), s, pa, next, r_next.n_max - 1, m_next,
+                  seq_next);
   }
 
   // A warpgroup whose 64 rows all lie past seqlen_q (the last tile of a 192-row tiling: a ninth of
@@ -326,8 +341,8 @@ struct MainloopMma {
   // takes its pingpong turns (one per block, as in the overlap schedule). Per-tile flow, O staged
   // in a tile of its own (no shared barrier in the epilogue) only.
   static constexpr bool kCanIdle = kUseOverlap && !kCrossTile && !Cfg::kOInKV;
-  __device__ __forceinline__ bool rows_past_end(int m_block) const {
-    return kCanIdle && wg_row0(m_block) >= p.seqlen_q;
+  __device__ __forceinline__ bool rows_past_end(int m_block, const Seq& seq) const {
+    return kCanIdle && wg_row0(m_block) >= seq.seqlen_q(p);
   }
   __device__ void run_idle(const BlockRange& r) {
     for (int n = r.n_max - 1; n >= r.n_min; --n) skip_block();
@@ -347,12 +362,13 @@ struct MainloopMma {
   // softmax statistics. `q_done` runs once every QK^T of the tile has completed (Q's buffer may be
   // reused).
   template <class QDone>
-  __device__ void run(int m_block, BlockRange r, int q_stage, OFrag& o, Softmax& softmax, QDone&& q_done) {
+  __device__ void run(int m_block, const Seq& seq, BlockRange r, int q_stage, OFrag& o, Softmax& softmax,
+                      QDone&& q_done) {
     float s[kN / 2];
     uint32_t pa[kN / 16][4];
-    begin_tile(m_block, r, q_stage, o, s, pa, softmax);
+    begin_tile(m_block, seq, r, q_stage, o, s, pa, softmax);
     if constexpr (kUseOverlap) {
-      middle_blocks(m_block, r, q_stage, o, s, pa, softmax);
+      middle_blocks(m_block, seq, r, q_stage, o, s, pa, softmax);
       q_done();
       end_tile(o, pa);
     } else {
@@ -375,7 +391,8 @@ struct MainloopMma {
         hopper::wgmma_wait<0>();
         hopper::fence_operand(s);
         release(bars.k, k_st);
-        if constexpr (kMasked) mask_if_needed(s, n, m_block);
+        Scores::apply(s, p);
+        if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
         if (softmax.update_max(s, corr)) rescale(o, corr);
         softmax.exponentiate(s);
         Softmax::template pack<Mma>(s, pa);

@@ -1,14 +1,16 @@
 // Sets invisible scores of one S fragment (64 x kBlockN per warpgroup) to -inf: keys past the
-// sequence end, and keys outside the causal/sliding window of each row (bottom-right aligned).
+// sequence end, and keys outside the causal/sliding window of each row (bottom-right aligned), the
+// sequence's lengths from its SeqlenInfo.
 #pragma once
 #include <cmath>
 
 #include "src/attention/fwd_params.h"
+#include "src/attention/seqlen_info.cuh"
 #include "src/hopper/wgmma.cuh"
 
 namespace fa3::attn {
 
-// row0: this thread's first row (global query index); its second row is row0 + 8.
+// row0: this thread's first row (query index in its sequence); its second row is row0 + 8.
 // col0: global key index of this thread's first column in block n (n * kBlockN + 2 * (lane % 4)).
 // kBlockN: the fragment's width (a narrow first block's half, or the whole block).
 // kRelative: the bounds are taken relative to col0, once per row, so each score costs one compare
@@ -16,19 +18,20 @@ namespace fa3::attn {
 // bound is skipped: +0.5-2% at d64/d128 causal 512-2k, where the softmax is bound by instruction
 // issue and diagonal blocks are up to 40% of all; the narrower d192/d256 blocks measured 1.5%
 // slower that way and compare global columns against both bounds (perf-log step 24).
-// Where every query row sees at least one key (FwdKernelParams::every_row_sees_a_key), that form
+// Where every query row sees at least one key (SeqlenInfo::every_row_sees_a_key), that form
 // runs on the FMA pipe instead of the ALU pipe (ISETP + FSEL, two issue cycles each per warp on
 // sm_90): t = saturate(col - (hi - 1)) is 0 for a visible score and 1 for a hidden one, and
 // s - t * 2^100 leaves visible scores exact and hidden ones so low that exp2 gives 0 against any
 // visible row max. A row hidden in a whole block gets a finite max from it, and its exponentials
 // of 1 are wiped (correction exp2(-2^100 * scale) = 0) by the first block where the row sees a
 // key, which that condition guarantees; the exact -inf form keeps every other problem right.
-template <int kBlockN, bool kMasked, bool kRelative>
-__device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, int col0, const FwdKernelParams& p) {
+template <int kBlockN, bool kMasked, bool kRelative, class Seq>
+__device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, int col0, const Seq& seq,
+                                           const FwdKernelParams& p) {
   const int origin = kRelative ? col0 : 0;  // columns and bounds are measured from here
-  int lo[2] = {0, 0}, hi[2] = {p.seqlen_k - origin, p.seqlen_k - origin};  // visible: lo <= col < hi
+  int lo[2] = {0, 0}, hi[2] = {seq.seqlen_k(p) - origin, seq.seqlen_k(p) - origin};  // visible: lo <= col < hi
   if constexpr (kMasked) {
-    const int offset = p.seqlen_k - p.seqlen_q - origin;
+    const int offset = seq.seqlen_k(p) - seq.seqlen_q(p) - origin;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
@@ -42,7 +45,7 @@ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, in
       const int h = (i >> 1) & 1, col = col0 - origin + hopper::acc_col(i);
       if (col < lo[h] || col >= hi[h]) s[i] = -INFINITY;
     }
-  } else if (!kMasked || p.every_row_sees_a_key) {
+  } else if (!kMasked || seq.every_row_sees_a_key(p)) {
     constexpr float kHidden = 1.2676506e30f;  // 2^100
     const float last[2] = {float(hi[0] - 1), float(hi[1] - 1)};  // a row's last visible column
 #pragma unroll

@@ -1,7 +1,8 @@
 // Persistent tile scheduler: a grid of (at most) one CTA per SM; CTA `cta` runs the tiles
 // (m_block, head, batch) that tile_at_step() gives for steps 0, 1, 2, ... until it returns false.
 // Only the producer warp walks them (its divisions stay off the consumers' issue slots); the
-// consumers learn each tile from its note in the Q stage (FwdSmem::TileNote).
+// consumers learn each tile from its note in the Q stage (FwdSmem::TileNote), tiles without a
+// visible key included.
 //
 // Unmasked problems: every tile costs the same; tiles go m_block-fastest with a stride of the
 // grid, so CTAs running at the same time share one head's K/V in L2.
@@ -17,6 +18,9 @@
 //     see pair_rounds()) would leave CTAs idle, and an odd M's middle tiles cost half a pair, so
 //     these tiles go in decreasing m order, snaking across waves (odd waves reversed), and the
 //     shortest tiles fill the gaps at the end.
+//
+// Varlen problems (VarlenTileWalk below): the lengths live in device memory, so the walk runs on
+// the GPU from cu_seqlens / seqused.
 #pragma once
 #include "src/attention/fwd_params.h"
 
@@ -86,5 +90,50 @@ __host__ __device__ inline bool tile_at_step(int step, int cta, int grid, const 
   }
   return rows(i0, i0 - 1, h0 + 1, nh);  // below the band
 }
+
+// Varlen: the sequences in order, in each its heads, in each head its m-blocks as pairs (M-1-i, i)
+// of about equal causal cost together (M + 1 blocks), a CTA taking both tiles of a pair on two
+// steps (pair j * grid + cta on steps 2j, 2j + 1), as the fixed-length causal order does. As there,
+// the CTAs running at the same time work on a few heads, so their K/V stays in L2: a walk in rows of
+// equal m-block across all sequences (longest first for causal costs) kept ~130 heads' K/V in
+// flight, read it from DRAM for every tile and ran a third slower; without the pairs, causal costs
+// falling inside each head left the busiest CTA 15-25% above the average (the CPU test's cost
+// model). Steps must come in increasing order (each CTA's do): the walk keeps a cursor on its
+// current sequence, so a CTA reads each sequence's length once (one lane, as the producer runs).
+struct VarlenTileWalk {
+  enum Step : int { kEnd, kTile, kSkip };  // kSkip: the empty second half of an odd head's middle pair
+  int batch = -1;     // the current sequence
+  int start = 0;      // slot index of its first slot (two per pair)
+  int slots = 0;      // its slots: 2 x pairs x heads
+  int m_blocks = 0, pairs = 0;
+
+  __host__ __device__ __forceinline__ explicit VarlenTileWalk(const FwdKernelParams&) {}
+
+  // The query length of batch entry b (seqused_q / cu_seqlens_q / seqlen_q).
+  __host__ __device__ __forceinline__ static int seqlen_q_of(const FwdKernelParams& p, int b) {
+    if (p.seqused_q) return p.seqused_q[b];
+    if (p.cu_seqlens_q) return p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    return p.seqlen_q;
+  }
+
+  // The tile of this CTA's step `step` (steps in increasing order).
+  template <int kBlockM>
+  __host__ __device__ __forceinline__ Step tile(int step, int cta, int grid, const FwdKernelParams& p, WorkTile& w) {
+    const int slot = 2 * ((step / 2) * grid + cta) + step % 2;
+    while (slot >= start + slots) {
+      start += slots;
+      if (++batch >= p.batch) return kEnd;
+      const int len = seqlen_q_of(p, batch);
+      m_blocks = len > 0 ? (len + kBlockM - 1) / kBlockM : 0;
+      pairs = (m_blocks + 1) / 2;
+      slots = 2 * pairs * p.heads_q;
+    }
+    const int i = slot - start, pair = i / 2, k = pair % pairs;
+    const int m = i % 2 == 0 ? m_blocks - 1 - k : k;
+    if (i % 2 == 1 && m == m_blocks - 1 - k) return kSkip;
+    w = {m, pair / pairs, batch};
+    return kTile;
+  }
+};
 
 }  // namespace fa3::attn

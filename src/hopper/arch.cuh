@@ -83,4 +83,11 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// MUFU.TANH: max relative error about 2^-11, below bf16's rounding of P.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace fa3::hopper

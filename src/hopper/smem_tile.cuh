@@ -1,20 +1,69 @@
-// The shared-memory image of a 16-bit [rows][cols] tile as TMA writes it with SWIZZLE_128B:
-// columns in panels of 64 (128 bytes per row), each panel [rows][128 B], and inside every
-// 8-row (1024-byte) atom the 16-byte chunk index XORed with the row (bits 4-6 ^ bits 7-9).
+// Shared-memory tiles as TMA writes them with SWIZZLE_128B, and the offsets every user of them
+// needs (TMA boxes, wgmma descriptors and their k-steps, element addresses for stmatrix and direct
+// copies), so that no caller computes panel arithmetic by hand.
+//
+// A [kRows][kCols] tile of kElemBytes-byte elements: columns in panels of 128 bytes (64 16-bit or
+// 128 e4m3 elements), each panel [kRows][128 B], panels one after another; inside every 8-row
+// (1024-byte) atom the 16-byte chunk index is XORed with the row (bits 4-6 ^ bits 7-9). Tiles
+// start on 1024-byte boundaries, so wgmma descriptors keep base_offset 0.
 #pragma once
 #include <cstdint>
 
 namespace fa3::hopper {
 
 constexpr int kSwizzleBytes = 128;  // one row of a panel
-constexpr int kPanelCols16 = 64;    // 16-bit columns per panel
+constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;  // the XOR pattern repeats every 8 rows
 
-// Byte offset of element (row, col) in a tile of `rows` rows (16-bit elements).
-__device__ __forceinline__ uint32_t swizzled_offset16(int row, int col, int rows) {
-  const uint32_t panel = col / kPanelCols16, byte = (col % kPanelCols16) * 2;
+// Byte offset of element (row, col) in a tile of `rows` rows.
+template <int kElemBytes>
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows) {
+  constexpr int kPanelCols = kSwizzleBytes / kElemBytes;
+  const uint32_t panel = col / kPanelCols, byte = (col % kPanelCols) * kElemBytes;
   const uint32_t chunk = (byte >> 4) ^ (row & 7);
   return panel * rows * kSwizzleBytes + row * kSwizzleBytes + (chunk << 4) + (byte & 15);
 }
+
+template <int kElemBytes_, int kRows_, int kCols_>
+struct SmemTile {
+  static constexpr int kElemBytes = kElemBytes_, kRows = kRows_, kCols = kCols_;
+  static constexpr int kPanelCols = kSwizzleBytes / kElemBytes;  // also the TMA box's width
+  static constexpr int kPanels = (kCols + kPanelCols - 1) / kPanelCols;
+  static constexpr int kPanelBytes = kRows * kSwizzleBytes;
+  static constexpr int kBytes = kPanels * kPanelBytes;
+  static_assert(kPanelBytes % kSwizzleAtomBytes == 0, "tiles must keep 1024-byte alignment (8-row multiples)");
+
+  // Where panel pn starts, and its first column (the TMA box's column coordinate).
+  __host__ __device__ static constexpr int panel_offset(int pn) { return pn * kPanelBytes; }
+  __host__ __device__ static constexpr int panel_col(int pn) { return pn * kPanelCols; }
+
+  // Operand with K along the columns (Q, K: "K-major"): the descriptor start of the k-th chunk of
+  // kK columns (one wgmma's K: 16 16-bit or 32 e4m3 elements = 32 bytes), inside or across panels.
+  template <int kK>
+  __host__ __device__ static constexpr uint32_t k_chunk_offset(int k) {
+    return (k * kK * kElemBytes / kSwizzleBytes) * kPanelBytes + (k * kK * kElemBytes) % kSwizzleBytes;
+  }
+  // Operand with K along the rows (V as PV's B: "N-major"): the start of the k-th chunk of kK rows.
+  template <int kK>
+  __host__ __device__ static constexpr uint32_t row_chunk_offset(int k) {
+    return k * kK * kSwizzleBytes;
+  }
+  // Rows [row0, ...) of the tile as a tile of their own (a warpgroup's 64 rows of Q): row0 % 8 == 0.
+  __host__ __device__ static constexpr int row_offset(int row0) { return row0 * kSwizzleBytes; }
+
+  // Descriptor strides (PTX ISA "Matrix Descriptor Format", 128-byte swizzle): K-major operands
+  // step 8 rows (one atom) per SBO and ignore LBO (16); N-major ones step panels per LBO.
+  static constexpr uint32_t kKMajorLbo = 16, kKMajorSbo = kSwizzleAtomBytes;
+  static constexpr uint32_t kNMajorLbo = kPanelBytes, kNMajorSbo = kSwizzleAtomBytes;
+
+  // Byte offset of element (row, col).
+  __device__ static __forceinline__ uint32_t offset(int row, int col) {
+    return swizzled_offset<kElemBytes>(row, col, kRows);
+  }
+};
+
+// A 16-bit tile (fp16 / bf16).
+template <int kRows, int kCols>
+using SmemTile16 = SmemTile<2, kRows, kCols>;
 
 // Four 8x8 16-bit matrices from registers to shared memory; lane l gives the row address of
 // matrix l/8, row l%8. Register j of every thread holds its 2 elements of matrix j.

@@ -46,6 +46,7 @@ struct Mma16;
 
 template <>
 struct Mma16<__nv_bfloat16> {
+  static constexpr int kK = 16;  // the K of one wgmma
   template <int N>
   using Op = WgmmaBf16<N>;
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
@@ -56,6 +57,7 @@ struct Mma16<__nv_bfloat16> {
 
 template <>
 struct Mma16<__half> {
+  static constexpr int kK = 16;
   template <int N>
   using Op = WgmmaF16<N>;
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_fwd_kernel(const O
   }
   if (a.lse && lane == 0) {
     const float lse = l > 0.f ? m + logf(l) : -INFINITY;
-    if (a.cu_seqlens_q) a.lse[int64_t(h) * a.cu_seqlens_q[a.batch] + s.q_row0 + i] = lse;  // [heads, total_q]
+    if (a.cu_seqlens_q) a.lse[int64_t(h) * a.total_q + s.q_row0 + i] = lse;  // [heads, total_q]
     else a.lse[(int64_t(b) * a.heads_q + h) * a.seqlen_q + i] = lse;
   }
 }
