@@ -61,44 +61,45 @@ inline bool use_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) 
   return false;
 }
 
+// Why each tile (the measurements behind each choice are in docs/perf-log.md, by tile).
+//
 // d64 is softmax-bound (256 MMA FLOPs per exponential): a third consumer warpgroup adds softmax
 // throughput, but 192-row tiles waste more of the diagonal on short causal sequences.
-// d64 and d96 (all tiles): the exponentials wait for the PV (no kExpUnderPv), then go straight into
-// P against the running max, the row max only where they could pass 2^8 (MainloopMma::kStaleMax):
-// d64 +12-15% and d96 +10-16% from 4k keys, causal and not, +3-9% at 1k (perf-log step 45).
+// Softmax-bound tiles (d64, d96): the exponentials wait for the PV (no kExpUnderPv), so P's registers
+// are free for them, and then go straight into P against the running max, computing the row max only
+// where they could pass 2^8 (MainloopMma::kStaleMax): that removes one ALU instruction per score
+// (+10-16% from 4k keys, +3-9% at 1k).
 constexpr int kSoftmaxBoundSchedule = kFullSchedule & ~kExpUnderPv;
 // The stream schedule: that softmax, and a persistent CTA's tiles as one stream of key blocks
-// (kCrossTile), without narrow first blocks.
+// (kCrossTile: no serial QK^T -> softmax at each tile's start), without narrow first blocks.
 constexpr int kStreamSchedule = (kSoftmaxBoundSchedule & ~kNarrowFirst) | kCrossTile;
-// d64's 192-row tile streams its tiles too (narrow first blocks kept): +1-2% at 512-16k (step 52).
+// d64's 192-row tile streams its tiles too, narrow first blocks kept (+1-2%).
 template <>
 struct FwdConfig<64, false> : TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule | kCrossTile> {};
-// The short causal tile: streaming its tiles (kCrossTile) gave +6% at causal 512, +2% at 1k (perf-log
-// step 13; the tiles of that time, with the exponentials under the PV, ran 2-10% slower with it);
-// its exponentials wait for the PV (no kExpUnderPv): +1% at causal 512, +2% at 1k (step 23), and
-// since P is free then, its middle blocks skip the row max unless the exponentials could pass 2^8
-// (MainloopMma::kStaleMax): +5-6% at causal 512-1k (step 44); narrow first blocks cost it 5% (step 21).
+// The short causal d64 tile: short tiles make the per-tile start matter, so they stream (+2-6% at
+// causal 512-1k); narrow first blocks cost it 5% (its diagonal blocks are mostly visible).
 template <>
 struct FwdConfig<64, true> : TileConfig<64, 128, 128, 2, false, kStreamSchedule> {};
-// d96's 128-row tile (keys < 2k) on the stream schedule: +3-6% at 512-1k, causal and not (step 52).
+// d96's 128-row tile (keys < 2k) on the stream schedule: +3-6% at 512-1k, causal and not.
 template <>
 struct FwdConfig<96, false> : TileConfig<96, 128, 128, 2, false, kStreamSchedule> {};
-// Three consumer warpgroups at 160 registers (O 48 + S 56 + P 28; 128 keys spill): +11-15% from 2k
-// keys, +7-18% causal; 6-13% slower at 1k (perf-log step 34).
+// Three consumer warpgroups at 160 registers (O 48 + S 56 + P 28; 128 keys spill): more softmax
+// throughput from 2k keys (+7-18%), too few tiles to fill the SMs at 1k (6-13% slower there).
 template <>
 struct FwdConfig<96, true> : TileConfig<96, 192, 112, 2, false, kSoftmaxBoundSchedule> {};
-// d128 (all but masked problems from 4k keys): the stream schedule (the stale max with pingpong,
-// tiles as one stream) beat both earlier tiles, 128x128 with the exponentials under the PV and
-// without pingpong, and 192x80 (three consumers) from 2k keys: +3-10% non-causal, +6-11% causal
-// from 1k in fa3-bench (perf-log step 51).
+// d128 (all but masked problems from 4k keys): the stream schedule with pingpong beats both 128x128
+// with the exponentials under the PV and 192x80 with three consumers: +3-10% non-causal, +6-11%
+// causal from 1k (fa3-bench).
 template <>
 struct FwdConfig<128, false> : TileConfig<128, 128, 128, 2, false, kStreamSchedule> {};
-// Masked problems from 4k keys keep the former 192x80 tile (three consumers at 160 registers,
-// exponentials under the PV, no pingpong): in compare.py (do_bench, calls back to back) it ran
-// causal 4k-16k 3-6% faster than the stream tile, although fa3-bench (one call at a time) read the
-// stream tile 7-8% faster there (perf-log step 53).
+// Masked problems from 4k keys: 192x80 (three consumers at 160 registers, exponentials under the PV,
+// no pingpong) runs causal 4k-16k 3-6% faster than the stream tile when calls follow each other
+// (compare.py), although one call at a time (fa3-bench) reads the stream tile 7-8% faster: not
+// understood, the back-to-back method decides.
 template <>
 struct FwdConfig<128, true> : TileConfig<128, 192, 80, 2, false, kFullSchedule & ~kPingpong> {};
+// d192 and d256: smem holds Q, two K/V stages and no O tile: O is staged in the last block's K/V
+// stages (kOInKV).
 template <>
 struct FwdConfig<192, false> : TileConfig<192, 128, 112, 2, true> {};
 template <>
@@ -109,8 +110,8 @@ struct FwdConfig<256, false> : TileConfig<256, 128, 80, 2, true> {};
 template <>
 struct FwdConfigQkV<192, 128> : TileConfig<192, 128, 112, 2, false, kFullSchedule, 128> {};
 // Short key sequences at d256: 64-key blocks waste less of the last (partial) block and of the
-// causal diagonal: +5% at 512, +1-4% at 1k-2k, but 2-4% slower at 8k-16k causal (perf-log step 11).
-// Without pingpong: +1% causal 512-1k, level non-causal (step 23).
+// causal diagonal: +5% at 512, +1-4% at 1k-2k, but 2-4% slower at 8k-16k causal; pingpong brings
+// nothing with one softmax per 64 keys (+1% without it at causal 512-1k).
 template <>
 struct FwdConfig<256, true> : TileConfig<256, 128, 64, 2, true, kFullSchedule & ~kPingpong> {};
 

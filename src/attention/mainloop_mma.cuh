@@ -79,7 +79,7 @@ struct MainloopMma {
   // first half (kHalfN: rounded up to whole 16-key PV steps) is invisible to all 64 rows of this
   // warpgroup (upper rows of a diagonal tile, a short tail), its softmax and PV run on that half;
   // where the warpgroup sees none of the block (64-key blocks under 128-row tiles), not at all (the
-  // PV commits an empty group, so the wait counts stay). kNarrowFirst, perf-log steps 21-22.
+  // PV commits an empty group, so the wait counts stay). kNarrowFirst.
   enum Width : int { kNone, kHalf, kFull };
   static constexpr bool kNarrowFirst = (kSched & Schedule::kNarrowFirst) != 0;
   static constexpr int kHalfN = (kN / 2 + 15) / 16 * 16;  // whole 16-key k-steps for the PV
@@ -227,9 +227,9 @@ struct MainloopMma {
   // own: S = QK^T, then the softmax into P. O starts at zero.
   // With blocks narrower than 128 keys, blocks this warpgroup sees nothing of (the upper rows'
   // share of a 64-key diagonal) are walked past before any GEMM, QK^T included (r shrinks for this
-  // warpgroup; a skipped QK^T inside the wgmma stream made ptxas serialise it, step 21): +1-2% at
+  // warpgroup; a skipped QK^T inside the wgmma stream makes ptxas serialise it): +1-2% at
   // d256 causal 512-2k. The 128-key tiles rarely have such blocks and measured 1-2% slower with
-  // the loop (step 29). Never the tile's last block, whose stages may be kept for O (kOInKV); the
+  // the loop. Never the tile's last block, whose stages may be kept for O (kOInKV); the
   // previous tile's kept stages go back first (the producer needs them).
   static constexpr bool kSkipHidden = kNarrowFirst && kN < 128;
   __device__ __forceinline__ void begin_tile(int m_block, const Seq& seq, BlockRange& r, int q_stage, OFrag& o,
@@ -288,7 +288,7 @@ struct MainloopMma {
         any_rescale = softmax.update_max(s, corr);
         if constexpr (kExpUnderPv) {
           softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
-          // Else ptxas hoists the PV wait above the exponentials (perf-log steps 4 and 8).
+          // Else ptxas hoists the PV wait above the exponentials (they would not hide under the PV).
           hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
         }
         pv_done();

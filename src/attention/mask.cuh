@@ -17,7 +17,7 @@ namespace fa3::attn {
 // against a constant and one select, and without a left window edge (causal, key tails) the lower
 // bound is skipped: +0.5-2% at d64/d128 causal 512-2k, where the softmax is bound by instruction
 // issue and diagonal blocks are up to 40% of all; the narrower d192/d256 blocks measured 1.5%
-// slower that way and compare global columns against both bounds (perf-log step 24).
+// slower that way and compare global columns against both bounds.
 // Where every query row sees at least one key (SeqlenInfo::every_row_sees_a_key), that form
 // runs on the FMA pipe instead of the ALU pipe (ISETP + FSEL, two issue cycles each per warp on
 // sm_90): t = saturate(col - (hi - 1)) is 0 for a visible score and 1 for a hidden one, and

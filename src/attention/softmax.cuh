@@ -91,7 +91,7 @@ struct OnlineSoftmax {
   // is done. Otherwise (a row max grew by more than 2^8, a NaN, or a row without any visible key so
   // far: rare once a tile's first block set the max) nothing changed: the caller runs the full step
   // on S. Saves the row max's FMNMX, one ALU instruction (two issue cycles per warp on sm_90) per
-  // score, and its shuffles: d64/d96 +5-15% (perf-log steps 44-45).
+  // score, and its shuffles: d64/d96 +5-15%.
   template <class Pack>
   __device__ __forceinline__ bool exponentiate_stale(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
     static_assert(kLazy, "a stale max is only right under the lazy rescale's bound");

@@ -13,7 +13,7 @@
 //     CTAs running at the same time share a few heads' K/V in L2.  (A longest-first walk over all
 //     heads at once balanced as well, but streamed every head's K/V through L2 for each wave of
 //     m_blocks: 64% L2 hits and 30% of DRAM bandwidth at d128 causal 8k, against 92% and 7% now,
-//     and 6-25% slower; docs/perf-log.md step 7.)
+//     and 6-25% slower.)
 //  2. The tail, longest first: the pairs that do not fill a round (and mostly one round more,
 //     see pair_rounds()) would leave CTAs idle, and an odd M's middle tiles cost half a pair, so
 //     these tiles go in decreasing m order, snaking across waves (odd waves reversed), and the
@@ -37,7 +37,7 @@ struct WorkTile {
 // causal 512: 257 MB read from DRAM where 201 MB are compulsory). Where the tiles are also short (at
 // most 32 m-blocks), so that the DRAM time shows, only the pairs that do not fill a round go to the
 // tail: d256 causal 512 +10%, 1k +6%, 2k-4k +0.5-1%; at 16k it cost 2.5% (balance), and with d128's
-// 7.8 rounds 2-9% (perf-log step 41).
+// 7.8 rounds 2-9%.
 // pair_slack(): the rounds kept out of part 1 by that rule; pair_rounds(): part 1's rounds for a slack.
 inline int full_pair_rounds(int num_bh, int m_blocks, int grid) { return num_bh * (m_blocks / 2) / grid; }
 inline int pair_slack(int num_bh, int m_blocks, int grid) {

@@ -23,8 +23,8 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)ptx::mbar
 
 // Arrival on the barrier at the same offset in the shared memory of cluster CTA `rank` (which may
 // be this CTA). CCCL has no `mapa` to form the address, and its remote arrive is release at cluster
-// scope, a fence that stalls the arriving warp (the forward kernel ran 35-40% slower with it,
-// perf-log step 12); a consumer's release only follows its own reads of the stage, which (as for
+// scope, a fence that stalls the arriving warp (the forward kernel ran 35-40% slower with it);
+// a consumer's release only follows its own reads of the stage, which (as for
 // a local arrive) release at CTA scope orders.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;

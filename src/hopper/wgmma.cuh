@@ -40,7 +40,8 @@ __device__ __forceinline__ void fence_operand(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// The 16-bit element types fa3 multiplies: their wgmma wrappers and the f32x2 -> packed conversion.
+// The 16-bit element types fa3 multiplies: their wgmma wrappers, k per wgmma, and the f32x2 ->
+// packed conversion.
 template <class T>
 struct Mma16;
 
@@ -63,6 +64,23 @@ struct Mma16<__half> {
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+// e4m3 operands (float8 e4m3fn): k = 32 per wgmma and both operands K-major (no transpose
+// immediates). A register-resident A fragment holds four e4m3 per register: registers 0-3 are
+// (row g, k 4t..4t+3), (g+8, 4t..), (g, 16+4t..), (g+8, 16+4t..) of a 64x32 slice, lowest k in the
+// low byte (lane 4g + t of warp w, rows counted from 16w).
+struct MmaE4m3 {
+  static constexpr int kK = 32;
+  template <int N>
+  using Op = WgmmaE4m3<N>;
+  // cvt.e4m3x2 puts its first operand in the upper byte (saturating to +-448, NaN to 0x7f).
+  __device__ __forceinline__ static uint32_t pack4(float k0, float k1, float k2, float k3) {
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(k1), "f"(k0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(k3), "f"(k2));
+    return uint32_t(lo) | (uint32_t(hi) << 16);
   }
 };
 
