@@ -108,7 +108,7 @@ struct FwdConsumer {
       BlockRange r_next;
       Seq seq_next(seq);
       if (!next_tile(w_next, r_next, seq_next)) {
-        mainloop.end_tile(o, pa);
+        mainloop.end_tile(o, s, pa);
         epilogue.template store<typename Epi::OwnStaging>(w, seq, o, softmax, epilogue.own_staging());
         return;
       }

@@ -12,7 +12,13 @@
 //     block of the next, so a persistent CTA's tiles form one stream of blocks;
 //   narrow first blocks (kNarrowFirst, ours): a tile's first block only as wide as this warpgroup's
 //     rows can see; and warpgroups whose rows all lie past seqlen_q sit the tile out (run_idle).
+// Every schedule is made of the same verbs: issue_step (one or two GEMMs after their stages' waits,
+// under the pingpong turn), s_done / pv_done (a GEMM group complete, its stage released or kept),
+// and the softmax steps (first_softmax, middle_softmax) whose hooks are the score modifier
+// (score_mod.cuh), the mask (mask.cuh), the softmax variant and P's conversion (softmax.cuh).
 #pragma once
+#include <type_traits>
+
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_config.h"
 #include "src/attention/fwd_smem.cuh"
@@ -223,6 +229,45 @@ struct MainloopMma {
   using PFrag = uint32_t[kN / 16][4];   // P packed to 16 bits: the PV GEMM's A fragments
   using OFrag = float[kDv / 2];
 
+  // ---- the step's verbs: every schedule below is made of these ----
+  // issue_step: the GEMMs of one step, each after its stage's wait, the first of them (whose
+  // completion a later wgmma_wait<1> observes) issued first; with kTurn under this warpgroup's
+  // pingpong turn (taken before the first issue, passed after the last).
+  enum Gemm : int { kNoGemm, kQk, kPv };
+  template <int kFirst, int kSecond = kNoGemm, bool kTurn = true>
+  __device__ __forceinline__ void issue_step(SFrag& s, int q_stage, OFrag& o, const PFrag& pa) {
+    static_assert(kFirst != kNoGemm && kFirst != kSecond, "a step issues one or two different GEMMs");
+    auto& bars = smem.bars();
+    auto issue = [&](auto gemm, bool first) {
+      if constexpr (decltype(gemm)::value == kQk) {
+        bars.k.consumer_wait(k_st);
+        if (kTurn && first) turn_wait();
+        issue_qk(s, q_stage, k_st.index);
+      } else {
+        bars.v.consumer_wait(v_st);
+        if (kTurn && first) turn_wait();
+        issue_pv(o, pa, v_st.index);
+      }
+    };
+    issue(std::integral_constant<int, kFirst>{}, true);
+    if constexpr (kSecond != kNoGemm) issue(std::integral_constant<int, kSecond>{}, false);
+    if (kTurn) turn_pass();
+  }
+  // S of the QK^T issued kPending groups ago is complete: its K stage goes back (or is kept for O).
+  template <int kPending>
+  __device__ __forceinline__ void s_done(SFrag& s, bool keep_k) {
+    hopper::wgmma_wait<kPending>();
+    hopper::fence_operand(s);
+    release_or_keep(smem.bars().k, k_st, keep_k, k_last);
+  }
+  // The PV issued kPending groups ago has finished reading P and its V stage.
+  template <int kPending>
+  __device__ __forceinline__ void pv_done(OFrag& o, bool keep_v = false) {
+    hopper::wgmma_wait<kPending>();
+    hopper::fence_operand(o);
+    release_or_keep(smem.bars().v, v_st, keep_v, v_last);
+  }
+
   // The tile's first block (n_max-1, the one that may hold the diagonal / the key tail) on its
   // own: S = QK^T, then the softmax into P. O starts at zero.
   // With blocks narrower than 128 keys, blocks this warpgroup sees nothing of (the upper rows'
@@ -234,7 +279,6 @@ struct MainloopMma {
   static constexpr bool kSkipHidden = kNarrowFirst && kN < 128;
   __device__ __forceinline__ void begin_tile(int m_block, const Seq& seq, BlockRange& r, int q_stage, OFrag& o,
                                              SFrag& s, PFrag& pa, Softmax& softmax) {
-    auto& bars = smem.bars();
     while (kSkipHidden && r.n_max - 1 > r.n_min && first_block_width(r.n_max - 1, m_block, seq) == kNone) {
       if constexpr (Cfg::kOInKV)
         if (kept) release_kept();
@@ -243,15 +287,10 @@ struct MainloopMma {
     }
 #pragma unroll
     for (int i = 0; i < kDv / 2; ++i) o[i] = 0.f;
-    bars.k.consumer_wait(k_st);
-    turn_wait();
-    issue_qk(s, q_stage, k_st.index);
-    turn_pass();
+    issue_step<kQk>(s, q_stage, o, pa);
     if constexpr (Cfg::kOInKV)
       if (kept) release_kept();
-    hopper::wgmma_wait<0>();
-    hopper::fence_operand(s);
-    release_or_keep(bars.k, k_st, kKeepK && r.n_min == r.n_max - 1, k_last);
+    s_done<0>(s, kKeepK && r.n_min == r.n_max - 1);
     first_softmax(first_block_width(r.n_max - 1, m_block, seq), s, pa, softmax, r.n_max - 1, m_block, seq);
   }
 
@@ -260,53 +299,43 @@ struct MainloopMma {
   // probabilities, whose PV is still to do (end_tile / end_tile_start_next).
   __device__ __forceinline__ void middle_blocks(int m_block, const Seq& seq, const BlockRange& r, int q_stage,
                                                 OFrag& o, SFrag& s, PFrag& pa, Softmax& softmax) {
-    auto& bars = smem.bars();
-    float corr[2];
-    auto pv_done = [&] {  // the PV of block n+1 has finished reading P and its V stage
-      hopper::wgmma_wait<0>();
-      hopper::fence_operand(o);
-      release(bars.v, v_st);
-    };
     for (int n = r.n_max - 2; n >= r.n_min; --n) {
-      bars.k.consumer_wait(k_st);
-      turn_wait();
-      issue_qk(s, q_stage, k_st.index);
-      bars.v.consumer_wait(v_st);
-      issue_pv(o, pa, v_st.index);
-      turn_pass();
-      hopper::wgmma_wait<1>();  // S of block n is ready; PV of block n+1 still runs
-      hopper::fence_operand(s);
-      release_or_keep(bars.k, k_st, kKeepK && n == r.n_min, k_last);
-      Scores::apply(s, p);
-      if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
-      bool any_rescale;
-      if constexpr (kStaleMax) {
-        pv_done();  // P is free for the exponentials
-        if (softmax.template exponentiate_stale<Mma>(s, pa)) continue;
-        any_rescale = softmax.update_max(s, corr);  // refused: the full step on S
-      } else {
-        any_rescale = softmax.update_max(s, corr);
-        if constexpr (kExpUnderPv) {
-          softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
-          // Else ptxas hoists the PV wait above the exponentials (they would not hide under the PV).
-          hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
-        }
-        pv_done();
-      }
-      if (any_rescale) rescale(o, corr);
-      if constexpr (!kExpUnderPv) softmax.exponentiate(s);
-      Softmax::template pack<Mma>(s, pa);
+      issue_step<kQk, kPv>(s, q_stage, o, pa);
+      s_done<1>(s, kKeepK && n == r.n_min);  // S of block n is ready; PV of block n+1 still runs
+      middle_softmax(s, pa, o, softmax, n, m_block, seq);
     }
+  }
+  // A middle block's scores into P while (or after) the previous block's PV reads the old P: the
+  // hooks in order — score modifier, mask, the softmax variant (stale max, or the full step with or
+  // without the exponentials under the PV), O's rescale, P's conversion to the PV operand.
+  __device__ __forceinline__ void middle_softmax(SFrag& s, PFrag& pa, OFrag& o, Softmax& softmax, int n, int m_block,
+                                                 const Seq& seq) {
+    float corr[2];
+    Scores::apply(s, p);
+    if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
+    bool any_rescale;
+    if constexpr (kStaleMax) {
+      pv_done<0>(o);  // P is free for the exponentials
+      if (softmax.template exponentiate_stale<Mma>(s, pa)) return;
+      any_rescale = softmax.update_max(s, corr);  // refused: the full step on S
+    } else {
+      any_rescale = softmax.update_max(s, corr);
+      if constexpr (kExpUnderPv) {
+        softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
+        // Else ptxas hoists the PV wait above the exponentials (they would not hide under the PV).
+        hopper::end_block_after(softmax.row_sum[0] + softmax.row_sum[1]);
+      }
+      pv_done<0>(o);
+    }
+    if (any_rescale) rescale(o, corr);
+    if constexpr (!kExpUnderPv) softmax.exponentiate(s);
+    Softmax::template pack<Mma>(s, pa);
   }
 
   // The tile's last PV (block n_min): O is complete on return.
-  __device__ __forceinline__ void end_tile(OFrag& o, const PFrag& pa) {
-    auto& bars = smem.bars();
-    bars.v.consumer_wait(v_st);
-    issue_pv(o, pa, v_st.index);
-    hopper::wgmma_wait<0>();
-    hopper::fence_operand(o);
-    release_or_keep(bars.v, v_st, Cfg::kOInKV, v_last);
+  __device__ __forceinline__ void end_tile(OFrag& o, SFrag& s, const PFrag& pa) {
+    issue_step<kPv, kNoGemm, /*kTurn=*/false>(s, 0, o, pa);
+    pv_done<0>(o, Cfg::kOInKV);
   }
 
   // Cross-tile overlap (kCrossTile), in two calls around the epilogue: the tile's last PV goes out
@@ -315,23 +344,12 @@ struct MainloopMma {
   // P (and resets nothing else: the caller zeroes O after the epilogue). So a persistent CTA's
   // tiles run as one stream: no serial QK^T -> softmax at the start of each tile.
   __device__ __forceinline__ void end_tile_start_next(int q_stage_next, OFrag& o, SFrag& s, const PFrag& pa) {
-    auto& bars = smem.bars();
-    bars.v.consumer_wait(v_st);
-    turn_wait();
-    issue_pv(o, pa, v_st.index);
-    bars.k.consumer_wait(k_st);
-    issue_qk(s, q_stage_next, k_st.index);
-    turn_pass();
-    hopper::wgmma_wait<1>();  // the PV (committed first) is done; the QK^T still runs
-    hopper::fence_operand(o);
-    release(bars.v, v_st);
+    issue_step<kPv, kQk>(s, q_stage_next, o, pa);
+    pv_done<1>(o);  // the PV (committed first) is done; the QK^T still runs
   }
   __device__ __forceinline__ void next_first_softmax(int m_next, const Seq& seq_next, const BlockRange& r_next,
                                                      SFrag& s, PFrag& pa, Softmax& next) {
-    auto& bars = smem.bars();
-    hopper::wgmma_wait<0>();
-    hopper::fence_operand(s);
-    release(bars.k, k_st);
+    s_done<0>(s, false);
     first_softmax(first_block_width(r_next.n_max - 1, m_next, seq_next), s, pa, next, r_next.n_max - 1, m_next,
                   seq_next);
   }
@@ -370,27 +388,16 @@ struct MainloopMma {
     if constexpr (kUseOverlap) {
       middle_blocks(m_block, seq, r, q_stage, o, s, pa, softmax);
       q_done();
-      end_tile(o, pa);
+      end_tile(o, s, pa);
     } else {
       // Ablation: S -> softmax -> PV strictly in order for each block.
-      auto& bars = smem.bars();
       float corr[2];
       for (int n = r.n_max - 1;;) {
-        bars.v.consumer_wait(v_st);
-        turn_wait();
-        issue_pv(o, pa, v_st.index);
-        turn_pass();
-        hopper::wgmma_wait<0>();
-        hopper::fence_operand(o);
-        release(bars.v, v_st);
+        issue_step<kPv>(s, q_stage, o, pa);
+        pv_done<0>(o);
         if (--n < r.n_min) break;
-        bars.k.consumer_wait(k_st);
-        turn_wait();
-        issue_qk(s, q_stage, k_st.index);
-        turn_pass();
-        hopper::wgmma_wait<0>();
-        hopper::fence_operand(s);
-        release(bars.k, k_st);
+        issue_step<kQk>(s, q_stage, o, pa);
+        s_done<0>(s, false);
         Scores::apply(s, p);
         if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
         if (softmax.update_max(s, corr)) rescale(o, corr);
