@@ -155,5 +155,77 @@ TEST(TileScheduler, VarlenCausalIsBalanced) {
   }
 }
 
+// The block ranges against brute-force visibility (bottom-right aligned, windows): the forward's
+// key blocks per query m-block and the backward's query m-blocks per key block must contain every
+// block with a visible (row, key) pair and start and end on such blocks; split-KV's splits must
+// partition a range.
+struct Visibility {
+  int sq, sk, left, right;
+  bool sees(int i, int j) const {
+    const int off = sk - sq;
+    return j >= 0 && j < sk && i >= 0 && i < sq && (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right);
+  }
+  bool blocks_see(int m, int n, int bm, int bn) const {
+    for (int i = m * bm; i < (m + 1) * bm && i < sq; ++i)
+      for (int j = n * bn; j < (n + 1) * bn && j < sk; ++j)
+        if (sees(i, j)) return true;
+    return false;
+  }
+};
+
+TEST(BlockRange, ForwardAndBackwardRangesAreTight) {
+  constexpr int kM = 64, kN = 64;  // small blocks: many partial ones
+  std::mt19937 gen(99);
+  for (int trial = 0; trial < 300; ++trial) {
+    Visibility v{1 + int(gen() % 400), 1 + int(gen() % 400), int(gen() % 4) == 0 ? -1 : int(gen() % 150),
+                 int(gen() % 3) == 0 ? -1 : int(gen() % 3) == 1 ? 0 : int(gen() % 150)};
+    FwdKernelParams p{};
+    p.seqlen_q = v.sq;
+    p.seqlen_k = v.sk;
+    p.window_left = v.left;
+    p.window_right = v.right;
+    const SeqlenInfo<false> seq(p, 0);
+    const int mb = (v.sq + kM - 1) / kM, nb = (v.sk + kN - 1) / kN;
+    for (int m = 0; m < mb; ++m) {
+      const BlockRange r = block_range<kM, kN>(m, seq, p);
+      for (int n = 0; n < nb; ++n)
+        if (v.blocks_see(m, n, kM, kN)) EXPECT_TRUE(n >= r.n_min && n < r.n_max) << "forward misses a block";
+      if (!r.empty()) {
+        EXPECT_TRUE(v.blocks_see(m, r.n_min, kM, kN) && v.blocks_see(m, r.n_max - 1, kM, kN)) << "forward not tight";
+      }
+    }
+    for (int n = 0; n < nb; ++n) {
+      const BlockRange r = query_block_range<kM, kN>(n, seq, p);
+      for (int m = 0; m < mb; ++m)
+        if (v.blocks_see(m, n, kM, kN))
+          EXPECT_TRUE(m >= r.n_min && m < r.n_max) << "backward misses m-block " << m << " of key block " << n;
+      if (!r.empty()) {
+        EXPECT_TRUE(v.blocks_see(r.n_min, n, kM, kN) && v.blocks_see(r.n_max - 1, n, kM, kN))
+            << "backward not tight: key block " << n << " sq " << v.sq << " sk " << v.sk << " window " << v.left
+            << "," << v.right;
+      }
+    }
+  }
+}
+
+TEST(BlockRange, SplitsPartitionTheRange) {
+  for (int n_min : {0, 3})
+    for (int blocks : {0, 1, 5, 16, 17, 130})
+      for (int splits : {1, 2, 3, 7, 16, 200}) {
+        const BlockRange r{n_min, n_min + blocks};
+        int next = n_min, largest = 0, smallest = blocks + 1;
+        for (int s = 0; s < splits; ++s) {
+          const BlockRange part = split_block_range(r, s, splits);
+          ASSERT_EQ(part.n_min, next) << "splits must be contiguous";
+          ASSERT_GE(part.n_max, part.n_min);
+          next = part.n_max;
+          largest = std::max(largest, part.n_max - part.n_min);
+          smallest = std::min(smallest, part.n_max - part.n_min);
+        }
+        EXPECT_EQ(next, r.n_max) << "splits must cover the range";
+        EXPECT_LE(largest - smallest, 1) << "splits must be balanced";
+      }
+}
+
 }  // namespace
 }  // namespace fa3::attn

@@ -36,6 +36,29 @@ __host__ __device__ __forceinline__ BlockRange block_range(int m_block, const Fw
   return block_range<kBlockM, kBlockN>(m_block, SeqlenInfo<false>(p, 0), p);
 }
 
+// The backward's view (rows are keys): the query m-blocks that see at least one key of key block
+// n_block, as [n_min, n_max) = [first m-block, one past the last) of a BlockRange.
+template <int kBlockM, int kBlockN, class Seq>
+__host__ __device__ __forceinline__ BlockRange query_block_range(int n_block, const Seq& s, const FwdKernelParams& p) {
+  const int offset = s.seqlen_k(p) - s.seqlen_q(p);
+  const int first_key = n_block * kBlockN, last_key = min((n_block + 1) * kBlockN, s.seqlen_k(p)) - 1;
+  int first_row = 0, last_row = s.seqlen_q(p) - 1;
+  // Row i sees key j iff i + offset - left <= j <= i + offset + right (each side when bounded).
+  if (p.window_right >= 0) first_row = max(first_row, first_key - offset - p.window_right);
+  if (p.window_left >= 0) last_row = min(last_row, last_key - offset + p.window_left);
+  if (last_key < first_key || last_row < first_row) return {0, 0};
+  return {first_row / kBlockM, last_row / kBlockM + 1};
+}
+
+// Split-KV: split `split` of `num_splits` of a tile's key blocks, contiguous and of equal length
+// up to one block (the first splits take the extra blocks); empty when there are fewer blocks than
+// splits.
+__host__ __device__ __forceinline__ BlockRange split_block_range(const BlockRange& r, int split, int num_splits) {
+  const int blocks = max(0, r.n_max - r.n_min), base = blocks / num_splits, extra = blocks % num_splits;
+  const int begin = r.n_min + split * base + min(split, extra);
+  return {begin, begin + base + (split < extra ? 1 : 0)};
+}
+
 // True when some element of key block n is invisible to some row of the tile: the key tail,
 // the causal/right edge, or the left window edge.  Only those blocks pay for the mask.
 template <int kBlockM, int kBlockN, bool kMasked, class Seq>
