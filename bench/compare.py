@@ -506,15 +506,18 @@ EXTRA_SPECS = {
                  "cu_seqlens_q = cu_seqlens_k): fa3 vs FA2 varlen (aten._flash_attention_forward), and vs dense "
                  "batches at the mean length",
         "columns": (("fa3_varlen", "fa3 vl"), ("fa2_varlen", "FA2 vl"), ("fa3_dense", "fa3 mean"),
-                    ("cudnn_dense", "cuDNN mn")),
-        "ratios": (("fa3_varlen", "fa2_varlen", 1.8, "/FA2 vl"), ("fa3_varlen", "fa3_dense", 0.90, "/dense")),
+                    ("fa3_varlen_eq", "fa3 vl=mn"), ("cudnn_dense", "cuDNN mn")),
+        # vl=mn: the dense batches passed as varlen (equal lengths): what the varlen path itself costs,
+        # apart from the lengths' spread.
+        "ratios": (("fa3_varlen", "fa2_varlen", 1.8, "/FA2 vl"), ("fa3_varlen", "fa3_dense", 0.90, "/dense"),
+                   ("fa3_varlen_eq", "fa3_dense", None, "vl=mn/dense")),
     },
 }
 EXTRA_LABELS = {
     "fa3": "fa3", "fa3_softcap": f"fa3 softcap {SOFTCAP:g}", "fa3_192": f"fa3 d{MLA_DQK}/{MLA_DQK}",
     "fa3_varlen": "fa3 varlen", "fa3_dense": "fa3 dense at the mean length",
     "cudnn": LABELS["cudnn"], "flash": LABELS["flash"], "cudnn_dense": "cuDNN (SDPA) dense at the mean length",
-    "fa2_varlen": "FA2 varlen",
+    "fa2_varlen": "FA2 varlen", "fa3_varlen_eq": "fa3 varlen at equal lengths (the dense batches packed)",
 }
 
 
@@ -675,6 +678,15 @@ def extra_varlen(torch, lib, args, l2, dtype, d, causal):
     res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
     record(torch, row, "fa3_dense", res, out, fd, kname)
     outs = {"fa3_dense": out}
+    # The same batches as packed sequences of equal length: only the varlen machinery differs.
+    packed = [{name: st[name].reshape(1, n * mean, h, d)[0] for name in ("q", "k", "v")} for st in sets]
+    cu_eq = torch.arange(0, n * mean + 1, mean, dtype=torch.int32, device="cuda")
+    res, out_eq, kname = run_fa3(torch, lib, args, packed, causal, scale, cu_seqlens_q=cu_eq, cu_seqlens_k=cu_eq,
+                                 max_seqlen_q=mean, max_seqlen_k=mean)
+    record(torch, row, "fa3_varlen_eq", res, out_eq, fd, kname)
+    if out_eq is not None and out is not None:  # the dense run's math: agreement is information, not a check
+        row["varlen_eq_vs_dense_rel_err"] = rel_err(torch, out_eq.reshape(out.shape), out)
+    del packed, out_eq
     if "cudnn" in args.impls:
         res, outs["cudnn_dense"] = run_sdpa(torch, args, "cudnn", sets, causal, scale)
         record(torch, row, "cudnn_dense", res, outs["cudnn_dense"], fd)
