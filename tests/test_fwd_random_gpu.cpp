@@ -243,31 +243,30 @@ Outcome run_case(const FwdCase& c, std::string* why, Timers* t) {
       *why = std::string("ran on ") + (kernel ? kernel : "?") + ", expected the Hopper kernel";
       return Outcome::kFail;
     }
-    sw.emplace(&t->kernels);
-    const Status st = fa3::forward(d.args);
-    if (!st.ok()) {
-      *why = "fa3::forward: " + st.message();
-      return Outcome::kFail;
-    }
-    if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-      *why = std::string("the forward kernel failed: ") + cudaGetErrorString(e);
-      return Outcome::kFatal;
-    }
-    sw.emplace(&t->checks);
-    const FwdOutputs got = download_outputs(d);
+    // One implementation on the case's inputs, timed as kernels, its outputs downloaded as checks.
+    // A refused call fails the case; a failed kernel ends the run (the context may be unusable).
+    auto run = [&](const char* what, auto&& launch, FwdOutputs* out) {
+      sw.emplace(&t->kernels);
+      const Status st = launch();
+      if (!st.ok()) {
+        *why = std::string(what) + ": " + st.message();
+        return Outcome::kFail;
+      }
+      if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+        *why = std::string(what) + " kernel failed: " + cudaGetErrorString(e);
+        return Outcome::kFatal;
+      }
+      sw.emplace(&t->checks);
+      *out = download_outputs(d);
+      return Outcome::kPass;
+    };
+    FwdOutputs got, oracle;
+    if (const Outcome o = run("fa3::forward", [&] { return fa3::forward(d.args); }, &got); o != Outcome::kPass)
+      return o;
     poison_outputs(d);
-    sw.emplace(&t->kernels);
-    const Status os = detail::oracle_fwd(detail::make_problem(d.args), nullptr);
-    if (!os.ok()) {
-      *why = "oracle: " + os.message();
-      return Outcome::kFail;
-    }
-    if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-      *why = std::string("the oracle kernel failed: ") + cudaGetErrorString(e);
-      return Outcome::kFatal;
-    }
-    sw.emplace(&t->checks);
-    const FwdOutputs oracle = download_outputs(d);
+    if (const Outcome o = run("oracle", [&] { return detail::oracle_fwd(detail::make_problem(d.args), nullptr); }, &oracle);
+        o != Outcome::kPass)
+      return o;
     if (oracle.stray.o + oracle.stray.lse > 0) {
       *why = "the oracle wrote where no sequence owns: " + oracle.stray.where;
       return Outcome::kFail;

@@ -98,7 +98,7 @@ std::vector<int> varlen_visits(const VarlenCase& c, int grid, int block_m, std::
   std::vector<int> visits(tiles, 0);
   if (load) load->assign(grid, 0.0);
   for (int cta = 0; cta < grid; ++cta) {
-    VarlenTileWalk walk(p);
+    VarlenTileWalk walk;
     WorkTile w;
     int step = 0;
     // (block_m is a template argument of the walk: the two the kernels use here)

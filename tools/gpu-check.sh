@@ -5,9 +5,9 @@
 #
 #   tools/gpu-check.sh [all|tests|bench|compare|sanitize]...   (default: all)
 #
-# Through the device tool, carrying a build made here (no rebuild there):
+# On another machine, carrying a build made here (no rebuild there):
 #   cmake --workflow --preset release && tools/pack-build.sh      # here
-#   run(command="FA3_BUILD=build/carry tools/gpu-check.sh", carry=["build/carry"])
+#   FA3_BUILD=build/carry tools/gpu-check.sh                     # there, build/carry copied along
 # Environment: OUT (default ./out), FA3_BUILD (default build/release), TEST_FILTER (gtest filter),
 # COMPARE_ARGS (extra compare.py flags, default --quick), BENCH_ARGS (extra fa3-bench flags),
 # SANITIZE_FILTER / SANITIZE_TOOLS / SANITIZE_RANDOM_CASES / SANITIZE_TIMEOUT (the sanitizer step).

@@ -68,8 +68,8 @@ struct MainloopLoad {
   };
 
   // A tile whose rows see no key: O = 0 and LSE = -inf (the rows inside the sequence), 16-byte
-  // stores by the warp's lanes. Rare (causal with seqlen_q > seqlen_k, windows, empty key ranges),
-  // and off the consumers' registers, which hold S, P and O across their tile loop.
+  // stores by the producer's lane. Rare (causal with seqlen_q > seqlen_k, windows, sequences
+  // without keys), and off the consumers' registers, which hold S, P and O across their tile loop.
   __device__ void store_zero(const Tile& t) const {
     const int row0 = t.w.m_block * Cfg::kBlockM, rows = min(Cfg::kBlockM, t.seq.seqlen_q(p) - row0);
     uint16_t* o = static_cast<uint16_t*>(p.o) + t.seq.o_offset(p, t.w.head) + int64_t(row0) * p.o_row_stride;
@@ -81,7 +81,7 @@ struct MainloopLoad {
   }
 
   // Run by the producer warp (one lane goes on).
-  __device__ void run() {
+  __device__ void run() const {
     if (!hopper::elect_one()) return;
     auto& bars = smem.bars();
     hopper::PipelineState<Cfg::kStages> k_st, v_st;
@@ -90,7 +90,7 @@ struct MainloopLoad {
     hopper::tma_prefetch_map(&p.tma_k);
     hopper::tma_prefetch_map(&p.tma_v);
     int step = 0;
-    VarlenTileWalk varlen_walk(p);
+    VarlenTileWalk varlen_walk;
     auto note_of = [&](const Tile& t) {
       return typename Smem::TileNote{t.w.m_block, t.w.head,        t.w.batch,       t.r.n_min, t.r.n_max,
                                      t.seq.seqlen_q(p), t.seq.seqlen_k(p), t.seq.q_row0(), t.seq.k_row0()};

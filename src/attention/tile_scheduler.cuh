@@ -107,8 +107,6 @@ struct VarlenTileWalk {
   int slots = 0;      // its slots: 2 x pairs x heads
   int m_blocks = 0, pairs = 0;
 
-  __host__ __device__ __forceinline__ explicit VarlenTileWalk(const FwdKernelParams&) {}
-
   // The query length of batch entry b (seqused_q / cu_seqlens_q / seqlen_q).
   __host__ __device__ __forceinline__ static int seqlen_q_of(const FwdKernelParams& p, int b) {
     if (p.seqused_q) return p.seqused_q[b];
