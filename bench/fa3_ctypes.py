@@ -134,6 +134,7 @@ def _declare(lib):
         "fa3_bwd_validate": ([bwd_p], c_enum),
         "fa3_bwd_workspace_size": ([bwd_p, POINTER(c_size_t)], c_enum),
         "fa3_backward": ([bwd_p, c_void_p], c_enum),
+        "fa3_bwd_kernel_name": ([bwd_p, POINTER(c_char_p)], c_enum),
         "fa3_last_error": ([], c_char_p),
         "fa3_fwd_params_size": ([], c_size_t),
         "fa3_bwd_params_size": ([], c_size_t),
@@ -301,6 +302,39 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
         p.workspace, p.workspace_bytes = ws.data_ptr(), nbytes.value
         p._workspace = ws  # ctypes holds a raw pointer only: keep the tensor alive with the struct
     return p
+
+
+def bwd_params(lib, fwd, dout, dq, dk, dv, deterministic=False):
+    """Fills fa3_bwd_params around a forward's params (the same q, k, v, out and lse, which must be
+    set): dout has out's layout, dq / dk / dv those of q / k / v. The workspace the library asks for
+    is allocated with torch and kept alive with the struct."""
+    import torch
+    p = new_bwd_params(lib)
+    p.fwd = fwd
+    varlen_q, varlen_k = bool(fwd.cu_seqlens_q), bool(fwd.cu_seqlens_k)
+    p.dout, p.dq = tensor_view(dout, "dout", varlen_q), tensor_view(dq, "dq", varlen_q)
+    p.dk, p.dv = tensor_view(dk, "dk", varlen_k), tensor_view(dv, "dv", varlen_k)
+    p.deterministic = int(bool(deterministic))
+    p._keep = [getattr(fwd, "_keep", None), getattr(fwd, "_workspace", None)]
+    nbytes = c_size_t(0)
+    check(lib, lib.fa3_bwd_workspace_size(byref(p), byref(nbytes)))
+    if nbytes.value:
+        ws = torch.empty(nbytes.value, dtype=torch.uint8, device=dq.device)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), nbytes.value
+        p._workspace = ws
+    return p
+
+
+def bwd_kernel_name(lib, params):
+    """"hopper" or "reference-gpu": which implementation fa3_backward would run for params."""
+    name = c_char_p()
+    check(lib, lib.fa3_bwd_kernel_name(byref(params), byref(name)))
+    return name.value.decode()
+
+
+def run_backward(lib, params, stream=None):
+    """fa3_backward on prepared params."""
+    check(lib, lib.fa3_backward(byref(params), c_void_p(stream_handle(stream))))
 
 
 def stream_handle(stream, device=None):

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "src/attention/block_info.cuh"
+#include "src/attention/bwd_prepost.cuh"
+#include "src/hopper/wgmma.cuh"
 #include "src/attention/tile_scheduler.cuh"
 
 namespace fa3::attn {
@@ -225,6 +227,25 @@ TEST(BlockRange, SplitsPartitionTheRange) {
         EXPECT_EQ(next, r.n_max) << "splits must cover the range";
         EXPECT_LE(largest - smallest, 1) << "splits must be balanced";
       }
+}
+
+// The backward's dQ accumulator layout: the postprocess reads element (row, column) of a query
+// block where the consumer staged it (register i of thread t at part * 4096 + i * 128 + t, the
+// accumulator's own row/column formula), and every slot of a block is used exactly once.
+TEST(BwdLayout, DqAccumIndexMatchesTheAccumulator) {
+  for (int d : {64, 128}) {
+    std::vector<int> seen(64 * d, 0);
+    for (int part = 0; part < d / 64; ++part)
+      for (int t = 0; t < 128; ++t)
+        for (int i = 0; i < 32; ++i) {
+          const int row = 16 * (t / 32) + (t % 32) / 4 + hopper::acc_row(i);
+          const int col = 64 * part + hopper::acc_col(i) + 2 * (t % 4);
+          const int at = dq_accum_index(row, col);
+          ASSERT_EQ(at, part * 4096 + i * 128 + t) << "d " << d << " row " << row << " col " << col;
+          ++seen[at];
+        }
+    for (int x : seen) ASSERT_EQ(x, 1);
+  }
 }
 
 }  // namespace

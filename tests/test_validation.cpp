@@ -684,11 +684,36 @@ TEST_F(BwdValidation, WorkspaceNullWithBytes) {
   EXPECT_TRUE(Invalid(fa3::validate(b), "workspace"));
 }
 
-TEST_F(BwdValidation, BackwardIsNeverOk) {
-  // Not implemented on the GPU yet: it must never report success without computing anything.
-  const fa3::Status st = fa3::backward(b);
-  EXPECT_FALSE(st.ok());
-  EXPECT_TRUE(st.code() == FA3_ERROR_NOT_SUPPORTED || st.code() == FA3_ERROR_CUDA) << st.message();
+TEST_F(BwdValidation, PagedKvNotSupported) {
+  b.fwd.page_table = fake<const int32_t>(0x620000);
+  b.fwd.page_size = 256;
+  b.fwd.num_pages = 8;
+  b.fwd.page_table_batch_stride = 4;
+  EXPECT_TRUE(Fails(fa3::validate(b), FA3_ERROR_NOT_SUPPORTED, "page_table"));
 }
 
+TEST_F(BwdValidation, KernelNameAndWorkspace) {
+  const char* name = nullptr;
+  size_t bytes = 0;
+  ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
+  EXPECT_STREQ(name, "hopper");
+  ASSERT_TRUE(Passes(fa3::workspace_size(b, &bytes)));
+  EXPECT_GT(bytes, size_t(0));  // LSE2, D, the dQ accumulator
+  b.fwd.cu_seqlens_q = fake<const int32_t>(0x600000);
+  b.fwd.cu_seqlens_k = fake<const int32_t>(0x610000);
+  b.fwd.total_q = kBatch * kSeqQ;
+  b.fwd.total_k = kBatch * kSeqK;
+  ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
+  EXPECT_STREQ(name, "reference-gpu");
+  EXPECT_TRUE(Invalid(fa3::kernel_name(b, nullptr), "name"));
+  EXPECT_TRUE(Invalid(fa3::workspace_size(b, nullptr), "bytes"));
+}
+
+TEST_F(BwdValidation, BackwardWithoutDeviceMemoryFails) {
+  // Fake pointers: no GPU (CUDA error), or host memory (invalid): never success.
+  const fa3::Status st = fa3::backward(b);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.code() == FA3_ERROR_INVALID_ARGUMENT || st.code() == FA3_ERROR_CUDA ||
+              st.code() == FA3_ERROR_NOT_SUPPORTED) << st.message();
+}
 }  // namespace

@@ -3,13 +3,14 @@
 # benchmark + ablation, compare.py against cuDNN/FA2 in one process; logs/JSON/PNG to $OUT;
 # a short summary table last.
 #
-#   tools/gpu-check.sh [all|tests|bench|compare|sanitize]...   (default: all)
+#   tools/gpu-check.sh [all|tests|bench|compare|bwd|sanitize]...   (default: all)
 #
 # On another machine, carrying a build made here (no rebuild there):
 #   cmake --workflow --preset release && tools/pack-build.sh      # here
 #   FA3_BUILD=build/carry tools/gpu-check.sh                     # there, build/carry copied along
 # Environment: OUT (default ./out), FA3_BUILD (default build/release), TEST_FILTER (gtest filter),
-# COMPARE_ARGS (extra compare.py flags, default --quick), BENCH_ARGS (extra fa3-bench flags),
+# COMPARE_ARGS (extra compare.py flags, default --quick), BWD_ARGS (extra compare_bwd.py flags),
+# BENCH_ARGS (extra fa3-bench flags),
 # SANITIZE_FILTER / SANITIZE_TOOLS / SANITIZE_RANDOM_CASES / SANITIZE_TIMEOUT (the sanitizer step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ if want sanitize; then
   # Small configurations of every path: zero tiles, zero-length sequences, and a few dozen random
   # configurations (softcap, varlen, head-dim pairs, masks, strides) of the randomised test.
   echo "== compute-sanitizer (small configs)"
-  filter=${SANITIZE_FILTER:-'FwdGpu.RowsWithoutKeysAndNoLse:FwdGpu.ZeroLengthSequences:FwdRandomGpu.*:HopperPrims.*'}
+  filter=${SANITIZE_FILTER:-'FwdGpu.RowsWithoutKeysAndNoLse:FwdGpu.ZeroLengthSequences:FwdRandomGpu.*:HopperPrims.*:BwdGpu.UnequalLengthsGqaWindows'}
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     FA3_RANDOM_CASES=${SANITIZE_RANDOM_CASES:-24} timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool \
       --error-exitcode 9 "$BUILD/fa3_tests" --gtest_filter="$filter" > "$OUT/sanitize-$tool.log" 2>&1
@@ -69,6 +70,13 @@ if want compare; then
   note "compare.py" "exit ${PIPESTATUS[0]}"
 fi
 
+if want bwd; then
+  echo "== compare_bwd.py (fa3 backward vs cuDNN vs FA2, one process)"
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/compare_bwd.py --lib "$BUILD/libfa3.so" ${BWD_ARGS:-} \
+    --json "$OUT/compare_bwd.json" 2>&1 | tee "$OUT/compare_bwd.log"
+  note "compare_bwd.py" "exit ${PIPESTATUS[0]}"
+fi
+
 echo
 echo "================ summary ================"
 [ -f "$OUT/gpu.txt" ] && echo "gpu: $(cat "$OUT/gpu.txt")"
@@ -76,4 +84,5 @@ for line in "${summary[@]}"; do echo "$line"; done
 [ -f "$OUT/ablation.log" ] && tail -4 "$OUT/ablation.log"
 [ -f "$OUT/compare.log" ] && grep -E "^ *(64|96|128|192|256) " "$OUT/compare.log" | head -40
 [ -f "$OUT/compare.log" ] && sed -n '/extras summary/,$p' "$OUT/compare.log" | head -30
+[ -f "$OUT/compare_bwd.log" ] && grep -E "^ *(64|96|128|192|256) |geometric|PROBLEM" "$OUT/compare_bwd.log" | head -30
 exit 0

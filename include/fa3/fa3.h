@@ -62,6 +62,8 @@ FA3_API Status workspace_size(const BwdArgs& args, size_t* bytes);
 
 // "hopper" or "reference-gpu": the implementation forward() picks for these arguments.
 FA3_API Status kernel_name(const FwdArgs& args, const char** name);
+// "hopper" or "reference-gpu": the implementation backward() picks for these arguments.
+FA3_API Status kernel_name(const BwdArgs& args, const char** name);
 
 FA3_API const char* dtype_name(DType dtype);
 

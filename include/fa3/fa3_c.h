@@ -129,7 +129,7 @@ typedef struct fa3_bwd_params {
   fa3_fwd_params fwd; /* the forward's arguments: q, k, v, out (= O), lse (required), masks, ... */
   fa3_tensor dout;    /* dO, layout of O */
   fa3_tensor dq, dk, dv;
-  int32_t deterministic; /* 1: bitwise reproducible dQ/dK/dV accumulation order */
+  int32_t deterministic; /* 1: bitwise reproducible dQ/dK/dV (the key blocks add dQ in a fixed order) */
   void* workspace;
   size_t workspace_bytes;
 } fa3_bwd_params;
@@ -148,7 +148,13 @@ FA3_API fa3_status fa3_fwd_kernel_name(const fa3_fwd_params* params, const char*
 
 FA3_API fa3_status fa3_bwd_validate(const fa3_bwd_params* params);
 FA3_API fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* params, size_t* bytes);
+/* The backward runs three kernels on `stream` (no allocation, no synchronisation: CUDA-graph safe)
+ * and needs fa3_bwd_workspace_size() bytes of device scratch in params->workspace. deterministic = 0
+ * accumulates dQ with fp32 reduce-adds in whatever order the key blocks finish; 1 orders them. */
 FA3_API fa3_status fa3_backward(const fa3_bwd_params* params, fa3_stream_t stream);
+/* "hopper" (the warp-specialised wgmma backward: fp16/bf16, fixed lengths, head dims <= 128) or
+ * "reference-gpu" (the simple fp32 kernels that cover every backward feature). */
+FA3_API fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* params, const char** name);
 
 /* The message of the last failed call on this thread ("" after a successful call). */
 FA3_API const char* fa3_last_error(void);

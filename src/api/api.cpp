@@ -69,15 +69,41 @@ Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   return ok();
 }
 
-Status backward_impl(const fa3_bwd_params* p) {
+bool bwd_on_hopper(const fa3_bwd_params& b, const FwdProblem& f) {
+  return hopper_bwd_unsupported_reason(f, b.dout) == nullptr;
+}
+
+size_t bwd_workspace_bytes(const fa3_bwd_params& b, const FwdProblem& f) {
+  return bwd_on_hopper(b, f) ? hopper_bwd_workspace_bytes(f) : oracle_bwd_workspace_bytes(f);
+}
+
+Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream) {
   FA3_TRY(validate_bwd(p));
-  return not_supported("the GPU backward (fa3_backward); reference/ computes it on the CPU");
+  FA3_TRY(check_device());
+  FA3_TRY(check_fwd_pointers(p->fwd));
+  const std::pair<const void*, const char*> ptrs[] = {{p->dout.data, "dout.data"}, {p->dq.data, "dq.data"},
+                                                      {p->dk.data, "dk.data"},     {p->dv.data, "dv.data"},
+                                                      {p->workspace, "workspace"}};
+  for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
+  const FwdProblem f = make_problem(p->fwd);
+  const size_t need = bwd_workspace_bytes(*p, f);
+  if (p->workspace_bytes < need)
+    return invalid("workspace_bytes must be at least fa3_bwd_workspace_size() = " + std::to_string(need) + "; got " +
+                   std::to_string(p->workspace_bytes));
+  return bwd_on_hopper(*p, f) ? hopper_bwd(*p, f, stream) : oracle_bwd(*p, f, stream);
 }
 
 Status bwd_workspace_impl(const fa3_bwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_bwd(p));
-  *bytes = 0;
+  *bytes = bwd_workspace_bytes(*p, make_problem(p->fwd));
+  return ok();
+}
+
+Status bwd_kernel_name_impl(const fa3_bwd_params* p, const char** name) {
+  if (name == nullptr) return invalid("name must not be NULL");
+  FA3_TRY(validate_bwd(p));
+  *name = bwd_on_hopper(*p, make_problem(p->fwd)) ? "hopper" : "reference-gpu";
   return ok();
 }
 
@@ -93,7 +119,8 @@ Status forward(const FwdArgs& args, CUstream_st* stream) { return detail::forwar
 Status validate(const FwdArgs& args) { return detail::validate_fwd(&args); }
 Status workspace_size(const FwdArgs& args, size_t* bytes) { return detail::fwd_workspace_impl(&args, bytes); }
 Status kernel_name(const FwdArgs& args, const char** name) { return detail::kernel_name_impl(&args, name); }
-Status backward(const BwdArgs& args, CUstream_st*) { return detail::backward_impl(&args); }
+Status backward(const BwdArgs& args, CUstream_st* stream) { return detail::backward_impl(&args, stream); }
+Status kernel_name(const BwdArgs& args, const char** name) { return detail::bwd_kernel_name_impl(&args, name); }
 Status validate(const BwdArgs& args) { return detail::validate_bwd(&args); }
 Status workspace_size(const BwdArgs& args, size_t* bytes) { return detail::bwd_workspace_impl(&args, bytes); }
 
@@ -145,7 +172,12 @@ fa3_status fa3_bwd_validate(const fa3_bwd_params* p) { return remember(fa3::deta
 fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* p, size_t* bytes) {
   return remember(fa3::detail::bwd_workspace_impl(p, bytes));
 }
-fa3_status fa3_backward(const fa3_bwd_params* p, fa3_stream_t) { return remember(fa3::detail::backward_impl(p)); }
+fa3_status fa3_backward(const fa3_bwd_params* p, fa3_stream_t stream) {
+  return remember(fa3::detail::backward_impl(p, stream));
+}
+fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* p, const char** name) {
+  return remember(fa3::detail::bwd_kernel_name_impl(p, name));
+}
 size_t fa3_fwd_params_size(void) { return sizeof(fa3_fwd_params); }
 size_t fa3_bwd_params_size(void) { return sizeof(fa3_bwd_params); }
 

@@ -335,6 +335,7 @@ Status validate_bwd(const fa3_bwd_params* p) {
   FA3_TRY(check_struct_size(p->struct_size, sizeof(fa3_bwd_params), "fa3_bwd_params_init"));
   FA3_TRY(validate_fwd(&p->fwd));
   if (p->fwd.dtype == FA3_DTYPE_E4M3) return not_supported("the FP8 backward (dtype e4m3)");
+  if (p->fwd.page_table != nullptr) return not_supported("the backward with a paged KV cache (page_table)");
   // dS needs P = exp(S - LSE), and recomputing LSE would cost a second forward.
   if (p->fwd.lse == nullptr) return invalid("lse must not be NULL for the backward (pass the forward's LSE)");
   if (p->fwd.out.data == nullptr) return invalid("out.data must not be NULL for the backward (pass the forward's O)");

@@ -8,41 +8,12 @@
 
 #include "src/attention/fwd_kernel.cuh"
 #include "src/attention/fwd_launch.h"
-#include "src/hopper/tma_map.h"
+#include "src/attention/bshd_map.h"
 
 namespace fa3::attn {
 
 template <int kDtype>
 using ElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16, __half>;
-
-// A [batch][seqlen][heads][d] tensor as a 4-D TMA map; extents of 1 get a harmless stride so that
-// the driver's stride checks never see the (irrelevant) stride a caller passed for them.
-inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataType dtype, const fa3_tensor& t,
-                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows) {
-  constexpr uint64_t kElem = 2;
-  uint64_t row = uint64_t(t.row_stride) * kElem, head = uint64_t(t.head_stride) * kElem,
-           bat = uint64_t(t.batch_stride) * kElem;
-  if (seqlen == 1) row = uint64_t(head_dim) * kElem;
-  if (heads == 1) head = row * uint64_t(seqlen);
-  if (batch == 1) bat = head * uint64_t(heads);
-  auto align16 = [](uint64_t x) { return (x + 15) / 16 * 16; };
-  hopper::TmaMap4dDesc d{dtype,
-                         2,
-                         t.data,
-                         {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
-                         {align16(row), align16(head), align16(bat)},
-                         {64, box_rows, 1, 1}};
-  const std::string err = hopper::encode_tma_map_4d(map, d);
-  if (!err.empty()) return Status(FA3_ERROR_INTERNAL, std::string("TMA map for ") + name + ": " + err);
-  return Status();
-}
-
-inline Status sm_count(int* count) {
-  int dev = 0;
-  FA3_CUDA_TRY(cudaGetDevice(&dev));
-  FA3_CUDA_TRY(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev));
-  return Status();
-}
 
 // Declared in fwd_launch.h; instantiated per generated file for the product's tiles (FwdConfig) and
 // by the tuning benchmark for other TileConfigs.
@@ -67,23 +38,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.o_row_stride = a.out.row_stride;
   p.o_head_stride = a.out.head_stride;
   p.lse = a.lse;
-  p.batch = a.batch;
-  p.heads_q = a.heads_q;
-  p.head_ratio = a.heads_q / a.heads_kv;
-  p.seqlen_q = a.seqlen_q;
-  p.seqlen_k = a.seqlen_k;
-  p.head_dim_qk = dqk;
-  p.head_dim_v = dv;
-  constexpr float kLog2e = 1.4426950408889634f;
-  if constexpr (Feat::kSoftcap) {  // exp2 of softcap * tanh(scale * s / softcap) * log2(e): score_mod.cuh
-    p.scale_log2 = a.softcap * kLog2e;
-    p.softcap_scale = f.scale / a.softcap;
-  } else {
-    p.scale_log2 = f.scale * kLog2e;
-    p.softcap_scale = 0.f;
-  }
-  p.window_left = f.window_left;
-  p.window_right = f.window_right;
+  set_problem_params(p, f, Feat::kSoftcap);
   p.num_m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
   p.lpt_order = Feat::kMasked && !Feat::kVarlen;

@@ -23,15 +23,6 @@ struct MainloopLoad {
   const FwdKernelParams& p;
   Smem smem;
 
-  // Rows [row, row + Tile::kRows) of one head into a Tile: one TMA box per panel.
-  template <class Tile>
-  __device__ __forceinline__ void load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
-                                            uint64_t* bar) const {
-#pragma unroll
-    for (int pn = 0; pn < Tile::kPanels; ++pn)
-      hopper::tma_load_4d(dst + Tile::panel_offset(pn), map, Tile::panel_col(pn), row, head, batch, bar);
-  }
-
   struct NoNote {
     __device__ __forceinline__ void operator()(int) const {}
   };
@@ -44,7 +35,7 @@ struct MainloopLoad {
     ring.producer_acquire(st);
     note(st.index);
     hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], Tile::kBytes);
-    load_tile<Tile>(map, (smem.*buffer)(st.index), row, head, batch, &ring.full[st.index]);
+    hopper::tma_load_tile<Tile>(map, (smem.*buffer)(st.index), row, head, batch, &ring.full[st.index]);
     st.advance();
   }
   // Key block n of a tile: rows from the sequence's first key row.

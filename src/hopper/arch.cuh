@@ -39,6 +39,11 @@ __device__ __forceinline__ int warpgroup_index() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same without .aligned: warps may reach it from different code (e.g. two template
+// instantiations of one step), which bar.sync's alignment rule forbids (compute-sanitizer synccheck).
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -63,6 +68,15 @@ template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes multiples of 8 in [24, 256]");
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Two consecutive floats from shared memory (8-byte aligned) by a 32-bit shared address: a pointer
+// into dynamic shared memory computed at run time otherwise becomes a generic 64-bit load (LD.E),
+// slower and two address registers each. volatile: it stays after the barrier wait that guards it.
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
 }
 
 // Ordinary shared-memory stores (st.shared, stmatrix) become visible to the async proxy (TMA, wgmma)

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "src/hopper/arch.cuh"
+#include "src/hopper/smem_tile.cuh"
 
 namespace fa3::hopper {
 
@@ -15,6 +16,15 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
                                             uint64_t* bar) {
   const int32_t coords[4] = {c0, c1, c2, c3};
   ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, smem_dst, map, coords, bar);
+}
+
+// Rows [row, row + Tile::kRows) of one head of a BSHD map into a Tile: one box per 128-byte panel.
+template <class Tile>
+__device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
+                                              uint64_t* bar) {
+#pragma unroll
+  for (int pn = 0; pn < Tile::kPanels; ++pn)
+    tma_load_4d(dst + Tile::panel_offset(pn), map, Tile::panel_col(pn), row, head, batch, bar);
 }
 
 // 4-D box load multicast to the CTAs of the cluster in `cta_mask`: the box lands at the same

@@ -86,7 +86,7 @@ struct MmaE4m3 {
 
 // Accumulator fragment of m64nN (f32): element i of thread (warp w, lane = 4g + t) sits at
 //   row = 16w + g + 8*((i >> 1) & 1),   col = 8*(i >> 2) + 2t + (i & 1).
-__device__ __forceinline__ constexpr int acc_row(int i) { return 8 * ((i >> 1) & 1); }  // + 16w + g
-__device__ __forceinline__ constexpr int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }  // + 2t
+__host__ __device__ __forceinline__ constexpr int acc_row(int i) { return 8 * ((i >> 1) & 1); }  // + 16w + g
+__host__ __device__ __forceinline__ constexpr int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }  // + 2t
 
 }  // namespace fa3::hopper

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "src/api/dispatch.h"
+#include "src/oracle/oracle_common.cuh"
 
 namespace fa3::detail {
 namespace {
@@ -17,45 +18,11 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kMaxDimPerLane = 8;  // head dims up to 256 = 32 lanes x 8
 
-template <class T>
-__device__ __forceinline__ float load_f(const T* p) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(*p);
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(*p);
-  else return float(*p);  // __nv_fp8_e4m3
-}
-
-template <class T>
-__device__ __forceinline__ T from_f(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
-}
-
 struct OracleArgs {
   fa3_fwd_params a;
   float scale;
   int window_left, window_right;
 };
-
-// Per-batch lengths and offsets, following the API's varlen rules.
-struct SeqInfo {
-  int sq, sk;
-  int64_t q_row0, k_row0;  // first packed row (varlen) or 0
-};
-
-__device__ SeqInfo seq_info(const fa3_fwd_params& a, int b) {
-  SeqInfo s{a.seqlen_q, a.seqlen_k, 0, 0};
-  if (a.cu_seqlens_q) {
-    s.q_row0 = a.cu_seqlens_q[b];
-    s.sq = a.cu_seqlens_q[b + 1] - a.cu_seqlens_q[b];
-  }
-  if (a.cu_seqlens_k) {
-    s.k_row0 = a.cu_seqlens_k[b];
-    s.sk = a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b];
-  }
-  if (a.seqused_q) s.sq = a.seqused_q[b];
-  if (a.seqused_k) s.sk = a.seqused_k[b];
-  return s;
-}
 
 // Element offset of key/value row j of batch b, head hk (contiguous, varlen or paged).
 __device__ int64_t kv_offset(const fa3_fwd_params& a, const fa3_tensor& t, const SeqInfo& s, int b, int j, int hk) {

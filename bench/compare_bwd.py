@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""fa3 backward vs PyTorch SDPA's cuDNN and FLASH (FlashAttention-2) backward, on the same tensors.
+
+The forward sweep's shapes (compare.py: 16k tokens, hidden 2048, bf16), head dims 64/128 by default
+(the Hopper backward's; others run on fa3's reference kernels), causal off/on.  Each implementation
+runs its own forward once per input set (fa3: fa3_forward with LSE; SDPA: autograd with the backend
+pinned), then its backward is timed alone: fa3_backward, or torch.autograd.grad through SDPA.
+fa3's deterministic mode is a row of its own ("fa3 det").  TFLOP/s = 2.5 x the forward's FLOPs.
+Every row checks fa3's dQ/dK/dV against cuDNN's; a slice of batch 0 (2 heads) against float64
+autograd where the sequence is <= 4k.  Exit status 1 when fa3 is off by more than 1e-2 there.
+
+  python3 bench/compare_bwd.py --json bwd.json
+  python3 bench/compare_bwd.py --hdims 128 --seqlens 4k,16k --causal 1
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare  # noqa: E402
+import fa3_ctypes  # noqa: E402
+
+IMPLS = ("fa3", "fa3_det", "cudnn", "flash")
+LABELS = {"fa3": "fa3", "fa3_det": "fa3 det", "cudnn": "cuDNN", "flash": "FA2"}
+F64_MAX_SEQLEN = 4096
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hdims", type=compare.int_list, default=[64, 128])
+    ap.add_argument("--seqlens", type=compare.int_list, default=[1024, 4096, 16384])
+    ap.add_argument("--causal", choices=("0", "1", "both"), default="both")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--warmup-ms", type=float, default=50.0)
+    ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--lib", default=None)
+    args = ap.parse_args(argv)
+    args.causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    return args
+
+
+def fa3_bwd_calls(torch, lib, sets, causal, scale, deterministic):
+    """Forward once per set (O and LSE), then one prepared fa3_backward call per set."""
+    calls, grads, kname = [], None, None
+    stream = torch.cuda.current_stream().cuda_stream
+    for s in sets:
+        q, k, v = s["q"], s["k"], s["v"]
+        b, sq, h, _ = q.shape
+        out = torch.empty_like(q[..., : v.shape[-1]])
+        lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+        fp = fa3_ctypes.forward(lib, q, k, v, out, lse, causal=causal, softmax_scale=scale)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        bp = fa3_ctypes.bwd_params(lib, fp, s["dout"], dq, dk, dv, deterministic)
+        bp._keep.append((out, lse, fp))
+        if grads is None:
+            grads, kname = (dq, dk, dv), fa3_ctypes.bwd_kernel_name(lib, bp)
+        calls.append(lambda bp=bp: fa3_ctypes.run_backward(lib, bp, stream))
+    return calls, grads, kname
+
+
+def sdpa_bwd_calls(torch, impl, sets, causal, scale):
+    """Autograd forward once per set with the backend pinned; the timed call is its backward."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls, grads = [], None
+    with torch.enable_grad(), torch.nn.attention.sdpa_kernel(compare.sdpa_backend(torch, impl)):
+        for s in sets:
+            leaves = [s[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
+            qt, kt, vt = (t.transpose(1, 2) for t in leaves)
+            out = sdpa(qt, kt, vt, is_causal=causal, scale=scale)
+            g = s["dout"].transpose(1, 2)
+
+            def call(out=out, leaves=leaves, g=g):
+                with torch.enable_grad():
+                    return torch.autograd.grad(out, leaves, g, retain_graph=True)
+            calls.append(call)
+    if calls:
+        grads = calls[0]()
+    return calls, grads
+
+
+def grads_fp64(torch, s, causal, scale):
+    """dQ, dK, dV of batch 0, heads 0..1 in float64 autograd ([s, 2, d] each)."""
+    with torch.enable_grad():
+        q, k, v = (s[n][0, :, :2].double().requires_grad_() for n in ("q", "k", "v"))
+        out = compare.attention_fp64(torch, q, k, v, causal, scale)
+        return torch.autograd.grad(out, (q, k, v), s["dout"][0, :, :2].double())
+
+
+def run_shape(torch, lib, args, shape, l2):
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    scale = 1.0 / math.sqrt(shape["d"])
+    sets = compare.make_input_sets(torch, shape, dtype, l2)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for s in sets:
+        s["dout"] = torch.randn(s["q"].shape[:-1] + (s["v"].shape[-1],), dtype=dtype, device="cuda", generator=gen)
+    row = dict(shape, flops=2.5 * compare.flops(shape), impls={}, fa3_kernel=None, rel_err_vs_cudnn={},
+               rel_err_f64={})
+    grads = {}
+    for impl in IMPLS:
+        res = {"ms": None, "tflops": None, "reps": 0, "error": None}
+        try:
+            if impl.startswith("fa3"):
+                calls, g, kname = fa3_bwd_calls(torch, lib, sets, shape["causal"], scale, impl == "fa3_det")
+                row["fa3_kernel"] = kname
+            else:
+                calls, g = sdpa_bwd_calls(torch, impl, sets, shape["causal"], scale)
+            torch.cuda.synchronize()
+            res["ms"], res["reps"] = compare.time_calls(torch, calls, args.warmup_ms, args.rep)
+            res["tflops"] = row["flops"] / (res["ms"] * 1e-3) / 1e12
+            grads[impl] = g
+        except compare.ERRORS as e:
+            res["error"] = compare.error_text(e)
+        row["impls"][impl] = res
+    if "fa3" in grads and "cudnn" in grads:
+        row["rel_err_vs_cudnn"] = {n: compare.rel_err(torch, a, b)
+                                   for n, a, b in zip(("dq", "dk", "dv"), grads["fa3"], grads["cudnn"])}
+    if "fa3" in grads and shape["seqlen"] <= F64_MAX_SEQLEN:
+        want = grads_fp64(torch, sets[0], shape["causal"], scale)
+        row["rel_err_f64"] = {n: compare.rel_err(torch, a[0, :, :2], w)
+                              for n, a, w in zip(("dq", "dk", "dv"), grads["fa3"], want)}
+    return row
+
+
+def print_row(row):
+    t = {i: row["impls"][i]["tflops"] for i in IMPLS}
+    f = compare.fmt
+    r = lambda a, b: t[a] / t[b] if t[a] and t[b] else None  # noqa: E731
+    e = row["rel_err_f64"] or row["rel_err_vs_cudnn"]
+    err = max(e.values()) if e else None
+    print(f"{row['d']:>4} {('yes' if row['causal'] else 'no'):>6} {row['seqlen']:>6} {row['batch']:>3} {row['heads']:>3} | "
+          f"{f(t['fa3'], '6.1f')} {f(t['fa3_det'], '7.1f')} {f(t['cudnn'], '6.1f')} {f(t['flash'], '6.1f')} | "
+          f"{f(r('fa3', 'cudnn'), '6.2f')} {f(r('fa3', 'flash'), '6.2f')} {f(r('fa3_det', 'fa3'), '7.2f')} | "
+          f"{f(err, '8.1e')} {'f64' if row['rel_err_f64'] else 'cuDNN'} | {row['fa3_kernel'] or '-'}", flush=True)
+    for impl, res in row["impls"].items():
+        if res["error"]:
+            print(f"       {LABELS[impl]} n/a: {res['error'][:300]}", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("compare_bwd.py: no CUDA device visible", file=sys.stderr)
+        return 2
+    lib = fa3_ctypes.load(args.lib)
+    env = compare.environment(torch, args, lib._name)
+    l2 = compare.l2_bytes(env)
+    torch.set_grad_enabled(False)
+    print(compare.env_line(env).replace("forward", "backward"))
+    print(f"# {args.dtype}, tokens {args.tokens}, hidden {args.hidden}; TFLOP/s = 2.5 x forward FLOPs / t; "
+          f"err = max over dQ/dK/dV of ||fa3-x||/||x||")
+    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'b':>3} {'h':>3} | {'fa3':>6} {'fa3det':>7} {'cuDNN':>6} {'FA2':>6} | "
+          f"{'/cuDNN':>6} {'/FA2':>6} {'det/fa3':>7} | {'err':>8} vs    | kernel")
+    rows, problems = [], []
+    for d in args.hdims:
+        for causal in args.causals:
+            for s in args.seqlens:
+                row = run_shape(torch, lib, args, compare.shape_of(args, d, causal, s), l2)
+                print_row(row)
+                rows.append(row)
+                bad = {k: v for k, v in row["rel_err_f64"].items() if not v <= compare.MAX_REL_ERR}
+                if bad:
+                    problems.append(f"d{d} causal={causal} s{s}: fa3 vs float64 {bad}")
+    for other in ("cudnn", "flash"):
+        rs = [row["impls"]["fa3"]["tflops"] / row["impls"][other]["tflops"] for row in rows
+              if row["impls"]["fa3"]["tflops"] and row["impls"][other]["tflops"]]
+        if rs:
+            print(f"# fa3 / {LABELS[other]}: geometric mean {math.exp(sum(map(math.log, rs)) / len(rs)):.2f} "
+                  f"over {len(rs)} shapes (min {min(rs):.2f}, max {max(rs):.2f})")
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "config": {k: v for k, v in vars(args).items()}, "rows": rows,
+                       "problems": problems}, f, indent=1)
+        print(f"# wrote {args.json}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+// Host helpers every kernel launch shares: BSHD tensors as 4-D TMA maps, the SM count, and the
+// problem's shape, masks and score scales as the kernels read them (FwdKernelParams).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "fa3/fa3_c.h"
+#include "src/api/problem.h"
+#include "src/api/status.h"
+#include "src/attention/fwd_params.h"
+#include "src/hopper/tma_map.h"
+
+namespace fa3::attn {
+
+// A [batch][seqlen][heads][d] tensor as a 4-D TMA map; extents of 1 get a harmless stride so that
+// the driver's stride checks never see the (irrelevant) stride a caller passed for them.
+inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataType dtype, const fa3_tensor& t,
+                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows) {
+  constexpr uint64_t kElem = 2;
+  uint64_t row = uint64_t(t.row_stride) * kElem, head = uint64_t(t.head_stride) * kElem,
+           bat = uint64_t(t.batch_stride) * kElem;
+  if (seqlen == 1) row = uint64_t(head_dim) * kElem;
+  if (heads == 1) head = row * uint64_t(seqlen);
+  if (batch == 1) bat = head * uint64_t(heads);
+  auto align16 = [](uint64_t x) { return (x + 15) / 16 * 16; };
+  hopper::TmaMap4dDesc d{dtype,
+                         2,
+                         t.data,
+                         {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
+                         {align16(row), align16(head), align16(bat)},
+                         {64, box_rows, 1, 1}};
+  const std::string err = hopper::encode_tma_map_4d(map, d);
+  if (!err.empty()) return Status(FA3_ERROR_INTERNAL, std::string("TMA map for ") + name + ": " + err);
+  return Status();
+}
+
+inline Status sm_count(int* count) {
+  int dev = 0;
+  FA3_CUDA_TRY(cudaGetDevice(&dev));
+  FA3_CUDA_TRY(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev));
+  return Status();
+}
+
+// Shape, windows and the exp2 scales: softcap's factor c joins scale_log2 (exp2 of
+// c * log2(e) * tanh(scale * s / c), score_mod.cuh), else scale * log2(e).
+inline void set_problem_params(FwdKernelParams& p, const detail::FwdProblem& f, bool softcap) {
+  const fa3_fwd_params& a = *f.p;
+  p.batch = a.batch;
+  p.heads_q = a.heads_q;
+  p.head_ratio = a.heads_q / a.heads_kv;
+  p.seqlen_q = a.seqlen_q;
+  p.seqlen_k = a.seqlen_k;
+  p.head_dim_qk = a.head_dim_qk;
+  p.head_dim_v = a.head_dim_v;
+  constexpr float kLog2e = 1.4426950408889634f;
+  p.scale_log2 = (softcap ? a.softcap : f.scale) * kLog2e;
+  p.softcap_scale = softcap ? f.scale / a.softcap : 0.f;
+  p.window_left = f.window_left;
+  p.window_right = f.window_right;
+}
+
+}  // namespace fa3::attn

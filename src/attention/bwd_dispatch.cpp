@@ -1,0 +1,79 @@
+// Routes a validated backward problem to the Hopper backward instantiation that serves it:
+// (dtype) x (padded head dim 64 / 128) x (masked) x (softcap), fixed-length batches. Head-dim
+// pairs run on the tile of the larger padded dim (TMA zero-fills the missing columns, the stores
+// drop them).
+#include <string>
+
+#include "src/api/dispatch.h"
+#include "src/attention/bwd_config.h"
+#include "src/attention/bwd_launch.h"
+#include "src/attention/fwd_features.h"
+
+namespace fa3::attn {
+
+BwdWorkspace bwd_workspace_layout(const fa3_fwd_params& a, int block_m, int head_dim_padded) {
+  BwdWorkspace w;
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const int m_blocks = (a.seqlen_q + block_m - 1) / block_m;
+  w.seqlen_q_rounded = m_blocks * block_m;
+  const size_t rows = size_t(a.batch) * a.heads_q * w.seqlen_q_rounded;
+  w.lse2 = 0;
+  w.delta = align(w.lse2 + rows * sizeof(float));
+  w.dq_accum = align(w.delta + rows * sizeof(float));
+  w.dq_semaphore = align(w.dq_accum + rows * head_dim_padded * sizeof(float));
+  w.bytes = align(w.dq_semaphore + size_t(a.batch) * a.heads_q * m_blocks * sizeof(int));
+  return w;
+}
+
+}  // namespace fa3::attn
+
+namespace fa3::detail {
+
+const char* hopper_bwd_unsupported_reason(const FwdProblem& f, const fa3_tensor& dout) {
+  const fa3_fwd_params& p = *f.p;
+  if (p.dtype != FA3_DTYPE_BF16 && p.dtype != FA3_DTYPE_FP16) return "fp8 inputs";
+  if (f.varlen_q || f.varlen_k) return "varlen";
+  if (attn::bwd_padded_head_dim(p.head_dim_qk, p.head_dim_v) == 0) return "head dims above 128";
+  if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
+  // TMA maps need non-zero strides; a broadcast dO (an input, so allowed) takes the other path.
+  if ((p.seqlen_q > 1 && dout.row_stride == 0) || (p.heads_q > 1 && dout.head_stride == 0) ||
+      (p.batch > 1 && dout.batch_stride == 0))
+    return "a broadcast dout (a zero stride)";
+  return nullptr;
+}
+
+namespace {
+
+template <int kDtype, bool kMasked, bool kSoftcap>
+Status by_head_dim(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream) {
+  using Feat = attn::FwdFeatures<kMasked, kSoftcap, false>;
+  if (attn::bwd_padded_head_dim(f.p->head_dim_qk, f.p->head_dim_v) == 64)
+    return attn::launch_bwd<kDtype, attn::BwdConfig<64>, Feat>(b, f, stream);
+  return attn::launch_bwd<kDtype, attn::BwdConfig<128>, Feat>(b, f, stream);
+}
+
+template <int kDtype, bool kMasked>
+Status by_softcap(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream) {
+  return f.p->softcap > 0.f ? by_head_dim<kDtype, kMasked, true>(b, f, stream)
+                            : by_head_dim<kDtype, kMasked, false>(b, f, stream);
+}
+
+template <int kDtype>
+Status by_mask(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream) {
+  return f.has_mask() ? by_softcap<kDtype, true>(b, f, stream) : by_softcap<kDtype, false>(b, f, stream);
+}
+
+}  // namespace
+
+size_t hopper_bwd_workspace_bytes(const FwdProblem& f) {
+  const int d = attn::bwd_padded_head_dim(f.p->head_dim_qk, f.p->head_dim_v);
+  return attn::bwd_workspace_layout(*f.p, d == 64 ? attn::BwdConfig<64>::kBlockM : attn::BwdConfig<128>::kBlockM, d)
+      .bytes;
+}
+
+Status hopper_bwd(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream) {
+  if (const char* why = hopper_bwd_unsupported_reason(f, b.dout)) return not_supported(std::string("hopper backward: ") + why);
+  return b.fwd.dtype == FA3_DTYPE_BF16 ? by_mask<FA3_DTYPE_BF16>(b, f, stream) : by_mask<FA3_DTYPE_FP16>(b, f, stream);
+}
+
+}  // namespace fa3::detail

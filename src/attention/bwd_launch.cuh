@@ -1,0 +1,119 @@
+// Host side of one backward instantiation: workspace carve-up, tensor maps, the three launches
+// (preprocess, main kernel, postprocess) on the caller's stream.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "src/attention/bshd_map.h"
+#include "src/attention/bwd_kernel.cuh"
+#include "src/attention/bwd_launch.h"
+#include "src/attention/bwd_prepost.cuh"
+
+namespace fa3::attn {
+
+template <int kDtype>
+using BwdElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16, __half>;
+
+template <int kDtype, class Cfg, class Feat>
+Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStream_t stream) {
+  using Elem = BwdElemOf<kDtype>;
+  const fa3_fwd_params& a = b.fwd;
+  const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const BwdWorkspace ws = bwd_workspace_layout(a, Cfg::kBlockM, Cfg::kHeadDim);
+  if (b.workspace_bytes < ws.bytes)
+    return detail::invalid("workspace_bytes must be at least fa3_bwd_workspace_size() = " + std::to_string(ws.bytes) +
+                   "; got " + std::to_string(b.workspace_bytes));
+  uint8_t* w = static_cast<uint8_t*>(b.workspace);
+  float* lse2 = reinterpret_cast<float*>(w + ws.lse2);
+  float* delta = reinterpret_cast<float*>(w + ws.delta);
+  float* dq_accum = reinterpret_cast<float*>(w + ws.dq_accum);
+  int* sem = reinterpret_cast<int*>(w + ws.dq_semaphore);
+  const int m_blocks = ws.seqlen_q_rounded / Cfg::kBlockM;
+
+  BwdPrepostParams pp{};
+  pp.o = a.out.data;
+  pp.dout = b.dout.data;
+  pp.dq = b.dq.data;
+  pp.lse = a.lse;
+  pp.o_batch_stride = a.out.batch_stride;
+  pp.o_row_stride = a.out.row_stride;
+  pp.o_head_stride = a.out.head_stride;
+  pp.do_batch_stride = b.dout.batch_stride;
+  pp.do_row_stride = b.dout.row_stride;
+  pp.do_head_stride = b.dout.head_stride;
+  pp.dq_batch_stride = b.dq.batch_stride;
+  pp.dq_row_stride = b.dq.row_stride;
+  pp.dq_head_stride = b.dq.head_stride;
+  pp.lse2 = lse2;
+  pp.delta = delta;
+  pp.dq_accum = dq_accum;
+  pp.dq_semaphore = sem;
+  pp.batch = a.batch;
+  pp.heads_q = a.heads_q;
+  pp.seqlen_q = a.seqlen_q;
+  pp.seqlen_q_rounded = ws.seqlen_q_rounded;
+  pp.head_dim_qk = a.head_dim_qk;
+  pp.head_dim_v = a.head_dim_v;
+  pp.block_m = Cfg::kBlockM;
+  pp.head_dim_padded = Cfg::kHeadDim;
+  pp.scale = f.scale;
+  if (ws.seqlen_q_rounded > 0) {
+    const dim3 grid((ws.seqlen_q_rounded + kPrepostWarps - 1) / kPrepostWarps, a.heads_q, a.batch);
+    bwd_preprocess_kernel<Elem><<<grid, kPrepostWarps * 32, 0, stream>>>(pp);
+    FA3_CUDA_TRY(cudaGetLastError());
+  }
+
+  BwdKernelParams p{};
+  FwdKernelParams& g = p.fwd;
+  const int dqk = a.head_dim_qk, dv = a.head_dim_v;
+  FA3_TRY(make_bshd_map(&g.tma_q, "q", dtype, a.q, dqk, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
+  FA3_TRY(make_bshd_map(&g.tma_k, "k", dtype, a.k, dqk, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&g.tma_v, "v", dtype, a.v, dv, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_do, "dout", dtype, b.dout, dv, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
+  set_problem_params(g, f, Feat::kSoftcap);
+  p.dk = b.dk.data;
+  p.dv = b.dv.data;
+  p.dk_batch_stride = b.dk.batch_stride;
+  p.dk_row_stride = b.dk.row_stride;
+  p.dk_head_stride = b.dk.head_stride;
+  p.dv_batch_stride = b.dv.batch_stride;
+  p.dv_row_stride = b.dv.row_stride;
+  p.dv_head_stride = b.dv.head_stride;
+  p.lse2 = lse2;
+  p.delta = delta;
+  p.dq_accum = dq_accum;
+  p.dq_semaphore = sem;
+  p.seqlen_q_rounded = ws.seqlen_q_rounded;
+  p.scale = f.scale;
+  p.deterministic = b.deterministic != 0;
+
+  const int n_blocks = (a.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  p.num_n_blocks = n_blocks;
+  int sms = 0;
+  FA3_TRY(sm_count(&sms));
+  // Deterministic dQ order (bwd_params.h): masked problems walk their query blocks from the
+  // diagonal, so later key blocks reach a query block first; unmasked ones all start at query
+  // block 0 unless rotated, which needs every key block of a head resident at once (one CTA per SM).
+  p.dq_order = Feat::kMasked ? kDqOrderDecreasing
+               : (n_blocks <= m_blocks && n_blocks <= sms) ? kDqOrderRotating : kDqOrderIncreasing;
+  if (n_blocks > 0) {
+    auto kernel = bwd_kernel<Elem, Cfg, Feat>;
+    constexpr int kSmem = BwdSmem<Cfg>::kBytes;
+    FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kernel<<<dim3(n_blocks, a.heads_kv, a.batch), BwdLaunchShape::kThreads, kSmem, stream>>>(p);
+    FA3_CUDA_TRY(cudaGetLastError());
+  }
+  if (m_blocks > 0) {
+    bwd_postprocess_kernel<Elem><<<dim3(m_blocks, a.heads_q, a.batch), 256, 0, stream>>>(pp);
+    FA3_CUDA_TRY(cudaGetLastError());
+  }
+  return Status();
+}
+
+}  // namespace fa3::attn
+
+// One explicit instantiation per generated file (see CMakeLists.txt).
+#define FA3_INSTANTIATE_BWD(DTYPE, MASKED, SOFTCAP, HEAD_DIM)                                              \
+  template fa3::Status fa3::attn::launch_bwd<DTYPE, fa3::attn::BwdConfig<HEAD_DIM>,                     \
+                                             fa3::attn::FwdFeatures<MASKED, SOFTCAP, false>>(               \
+      const fa3_bwd_params&, const fa3::detail::FwdProblem&, cudaStream_t);

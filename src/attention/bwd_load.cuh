@@ -1,0 +1,121 @@
+// The backward's producer: one elected lane of warp 0 loads the CTA's K and V block once, then, for
+// every query head of the kv head and every query block that sees the keys, Q and dO (TMA) with
+// their LSE2 and D rows (bulk copies from the workspace) into one stage of the ring, in the order
+// the consumers walk them.
+#pragma once
+#include "src/attention/block_info.cuh"
+#include "src/attention/bwd_params.h"
+#include "src/attention/bwd_smem.cuh"
+#include "src/attention/seqlen_info.cuh"
+#include "src/hopper/tma.cuh"
+
+namespace fa3::attn {
+
+// Which query blocks a CTA walks for each query head: those that see at least one of its keys.
+template <class Cfg>
+__device__ __forceinline__ BlockRange bwd_query_blocks(int n_block, const SeqlenInfo<false>& seq,
+                                                       const BwdKernelParams& p) {
+  return query_block_range<Cfg::kBlockM, Cfg::kBlockN>(n_block, seq, p.fwd);
+}
+
+// The steps of a CTA, (query head, query block), in the order producer and consumers take them:
+// the query heads of the kv head one after another, each over the query blocks that see the keys,
+// from `first` (rotating order: n * M / N, wrapping) and otherwise from the range's start.
+template <class Cfg>
+struct BwdWalk {
+  int n_block, head0, m_min, blocks, first, steps;
+  __device__ __forceinline__ BwdWalk(int n, int kv_head, const SeqlenInfo<false>& seq, const BwdKernelParams& p) {
+    const BlockRange r = bwd_query_blocks<Cfg>(n, seq, p);
+    n_block = n;
+    head0 = kv_head * p.fwd.head_ratio;
+    m_min = r.n_min;
+    blocks = max(0, r.n_max - r.n_min);
+    steps = blocks * p.fwd.head_ratio;
+    first = p.deterministic && p.dq_order == kDqOrderRotating ? n * blocks / p.num_n_blocks : 0;
+  }
+  // A position of the walk, advanced step by step (no division in the loop).
+  struct Cursor {
+    int head, k;  // k: steps into this head's query blocks
+  };
+  __device__ __forceinline__ Cursor begin() const { return {head0, 0}; }
+  __device__ __forceinline__ void advance(Cursor& c) const {
+    if (++c.k == blocks) {
+      c.k = 0;
+      ++c.head;
+    }
+  }
+  __device__ __forceinline__ int m_block(const Cursor& c) const {
+    const int k = c.k + first;
+    return m_min + (k < blocks ? k : k - blocks);
+  }
+};
+
+// The CTA's key block: with a descending or rotating dQ order, CTAs launch from the last key block,
+// so that a CTA waiting for a later key block's add never waits for one not yet launched.
+__device__ __forceinline__ int bwd_n_block(const BwdKernelParams& p) {
+  const int x = blockIdx.x;
+  return p.deterministic && p.dq_order != kDqOrderIncreasing ? p.num_n_blocks - 1 - x : x;
+}
+
+// Deterministic mode: how many dQ parts of query block m must be added before key block n adds its
+// own (the order BwdDqOrder names).
+template <class Cfg>
+__device__ __forceinline__ int bwd_dq_adds_before(int n, int m, const SeqlenInfo<false>& seq, const BwdKernelParams& p) {
+  int count;
+  if (p.dq_order == kDqOrderRotating) {
+    // Key block n starts at m0(n) = n M / N; query block m sees first the largest k with
+    // m0(k) <= m, then k-1, ..., 0, N-1, ..., k+1.
+    const int N = p.num_n_blocks, M = p.seqlen_q_rounded / Cfg::kBlockM;
+    const int k = min(N - 1, ((m + 1) * N + M - 1) / M - 1);
+    count = (k - n + N) % N;
+  } else {
+    const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(m, seq, p.fwd);
+    count = p.dq_order == kDqOrderDecreasing ? r.n_max - 1 - n : n - r.n_min;
+  }
+  return Cfg::kDqParts * count;
+}
+
+template <class Cfg>
+struct BwdLoad {
+  using Smem = BwdSmem<Cfg>;
+  const BwdKernelParams& p;
+  Smem smem;
+
+  __device__ void run(int n_block, int kv_head, int batch) const {
+    if (!hopper::elect_one()) return;
+    const FwdKernelParams& f = p.fwd;
+    auto& bars = smem.bars();
+    hopper::tma_prefetch_map(&f.tma_q);
+    hopper::tma_prefetch_map(&p.tma_do);
+    const SeqlenInfo<false> seq(f, batch);
+    const int key_row = seq.k_row0() + n_block * Cfg::kBlockN;
+    hopper::mbarrier_arrive_expect_tx(&bars.kv, 2 * Smem::KTile::kBytes);
+    hopper::tma_load_tile<typename Smem::KTile>(&f.tma_k, smem.k(), key_row, kv_head, seq.k_batch(f), &bars.kv);
+    hopper::tma_load_tile<typename Smem::KTile>(&f.tma_v, smem.v(), key_row, kv_head, seq.k_batch(f), &bars.kv);
+
+    const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
+    constexpr uint32_t kRowBytes = Cfg::kBlockM * sizeof(float);
+    hopper::PipelineState<Cfg::kStages> st;
+    auto cur = walk.begin();
+    for (int it = 0; it < walk.steps; ++it, walk.advance(cur)) {
+      const int h = cur.head, m = walk.m_block(cur);
+      const int64_t rows = (int64_t(batch) * f.heads_q + h) * p.seqlen_q_rounded;
+      {
+        bars.q.producer_acquire(st);
+        uint64_t* full = &bars.q.full[st.index];
+        hopper::mbarrier_arrive_expect_tx(full, 2 * Smem::QTile::kBytes + 2 * kRowBytes);
+        const int q_row = seq.q_row0() + m * Cfg::kBlockM;
+        hopper::tma_load_tile<typename Smem::QTile>(&f.tma_q, smem.q(st.index), q_row, h, seq.q_batch(f), full);
+        hopper::tma_load_tile<typename Smem::QTile>(&p.tma_do, smem.dout(st.index), q_row, h, seq.q_batch(f), full);
+        const int64_t row0 = rows + int64_t(m) * Cfg::kBlockM;
+        hopper::ptx::cp_async_bulk(hopper::ptx::space_shared, hopper::ptx::space_global, smem.lse2(st.index),
+                                   p.lse2 + row0, kRowBytes, full);
+        hopper::ptx::cp_async_bulk(hopper::ptx::space_shared, hopper::ptx::space_global, smem.delta(st.index),
+                                   p.delta + row0, kRowBytes, full);
+        st.advance();
+      }
+    }
+  }
+};
+
+}  // namespace fa3::attn

@@ -1,0 +1,64 @@
+// What the backward kernels read: built once per call on the host, passed as __grid_constant__.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "src/attention/fwd_params.h"
+
+namespace fa3::attn {
+
+// Workspace of the Hopper backward (bwd_launch.cuh sizes it), per (batch, query head):
+//  - lse2, delta: [seqlen_q rounded up to kBlockM] fp32: LSE * log2(e) (+inf for rows past the
+//    sequence or without a visible key, so that their P is 0) and D = rowsum(dO * O) (0 there);
+//  - dq_accum: [m-blocks][kBlockM * d] fp32, each block's two 64 x 64 parts in the accumulator's
+//    register order (bwd_consumer.cuh: element (register i, thread t) at i * 128 + t), so that a
+//    warpgroup stages and reduce-adds it without bank conflicts and as one contiguous bulk copy;
+//  - dq_semaphore: [m-blocks] int32, deterministic mode: how many dQ parts of the block were added.
+struct BwdKernelParams {
+  // The forward's parameters of the same problem: the Q, K, V maps (boxes of kBlockM / kBlockN
+  // rows), lengths, masks and scales, so that SeqlenInfo and the block ranges serve both directions.
+  FwdKernelParams fwd;
+  CUtensorMap tma_do;  // dO, boxes of kBlockM rows, head_dim_v columns
+
+  void* dk;
+  void* dv;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+  const float* lse2;
+  const float* delta;
+  float* dq_accum;
+  int* dq_semaphore;
+  int seqlen_q_rounded;  // m-blocks * kBlockM: the row count of lse2 / delta per (batch, head)
+  float scale;           // softmax scale: dK and dQ are scale * (dS K), (dS^T Q)
+  bool deterministic;
+  // Deterministic mode's order of the key blocks adding into a query block's dQ (bwd_load.cuh):
+  // kDqOrderIncreasing (n ascending; CTAs launched by key block), kDqOrderDecreasing (masked
+  // problems: n descending, the order in which the key blocks reach a query block, CTAs launched
+  // from the last key block), kDqOrderRotating (unmasked, num_n_blocks <= m-blocks and <= the SMs:
+  // CTA n starts its walk at m-block n * M / N and wraps, CTAs launched from the last key block).
+  int dq_order;
+  int num_n_blocks;
+};
+enum BwdDqOrder : int { kDqOrderIncreasing = 0, kDqOrderDecreasing = 1, kDqOrderRotating = 2 };
+
+// The preprocess and postprocess kernels (bwd_prepost.cuh): plain pointers and strides.
+struct BwdPrepostParams {
+  const void* o;
+  const void* dout;
+  void* dq;
+  const float* lse;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  float* lse2;
+  float* delta;
+  float* dq_accum;
+  int* dq_semaphore;
+  int batch, heads_q, seqlen_q, seqlen_q_rounded, head_dim_qk, head_dim_v;
+  int block_m, head_dim_padded;  // the main kernel's tile (dq_accum's layout)
+  float scale;
+};
+
+}  // namespace fa3::attn

@@ -1,0 +1,80 @@
+// The backward's two small kernels around the main one (FlashAttention-2/3's split):
+//  - preprocess, one warp per query row: D = rowsum(dO * O) in fp32, LSE into the log2 domain the
+//    main kernel's exp2 wants, and the dQ accumulator and semaphores cleared (no memset, no host
+//    work: the whole backward is three launches a CUDA graph captures);
+//  - postprocess, one CTA per query block: dQ = scale * accumulator, converted to the output dtype.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "src/attention/bwd_params.h"
+
+namespace fa3::attn {
+
+template <class T>
+__device__ __forceinline__ float to_f32(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
+  else return __half2float(x);
+}
+template <class T>
+__device__ __forceinline__ T from_f32(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return __float2half_rn(x);
+}
+
+// Where element (row r, column x) of a 64-row query block's dQ sits in its dq_accum tile: the block
+// is d/64 parts of 64 columns, each in the order a warpgroup's m64n64 accumulator holds it
+// (wgmma.cuh: register i of thread 32w + 4g + t is row 16w + g + 8((i >> 1) & 1), column
+// 8(i >> 2) + 2t + (i & 1)), register-major.
+__host__ __device__ __forceinline__ int dq_accum_index(int rr, int x) {
+  const int part = x / 64, cc = x % 64;
+  const int reg = 4 * (cc / 8) + 2 * ((rr % 16) / 8) + (cc % 2);
+  const int thread = 32 * (rr / 16) + 4 * (rr % 8) + (cc % 8) / 2;
+  return part * 64 * 64 + reg * 128 + thread;
+}
+
+constexpr int kPrepostWarps = 8;
+
+template <class T>
+__global__ void __launch_bounds__(kPrepostWarps * 32) bwd_preprocess_kernel(const BwdPrepostParams p) {
+  const int lane = threadIdx.x % 32, h = blockIdx.y, b = blockIdx.z;
+  const int r = blockIdx.x * kPrepostWarps + threadIdx.x / 32;
+  if (r >= p.seqlen_q_rounded) return;
+  const int64_t bh = int64_t(b) * p.heads_q + h;
+  float d = 0.f, lse2 = INFINITY;
+  if (r < p.seqlen_q) {
+    const T* o = static_cast<const T*>(p.o) + b * p.o_batch_stride + r * p.o_row_stride + h * p.o_head_stride;
+    const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + r * p.do_row_stride + h * p.do_head_stride;
+    for (int x = lane; x < p.head_dim_v; x += 32) d += to_f32(o[x]) * to_f32(dout[x]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
+    const float lse = p.lse[bh * p.seqlen_q + r];
+    // A row without a visible key has LSE -inf (and O = 0): +inf makes its P exactly 0.
+    if (lse != -INFINITY) lse2 = lse * 1.4426950408889634f;
+  }
+  if (lane == 0) {
+    p.lse2[bh * p.seqlen_q_rounded + r] = lse2;
+    p.delta[bh * p.seqlen_q_rounded + r] = d;
+    if (r % p.block_m == 0) p.dq_semaphore[bh * (p.seqlen_q_rounded / p.block_m) + r / p.block_m] = 0;
+  }
+  // Row r's share of the (b, h) accumulator: blocks are permuted inside, so any equal split clears it.
+  float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + r) * p.head_dim_padded;
+  for (int x = lane; x < p.head_dim_padded; x += 32) acc[x] = 0.f;
+}
+
+template <class T>
+__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdPrepostParams p) {
+  const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t bh = int64_t(b) * p.heads_q + h;
+  const float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + int64_t(m) * p.block_m) * p.head_dim_padded;
+  T* dq = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  const int rows = min(p.block_m, p.seqlen_q - m * p.block_m);
+  for (int e = threadIdx.x; e < rows * p.head_dim_qk; e += blockDim.x) {
+    const int r = e / p.head_dim_qk, x = e % p.head_dim_qk;
+    dq[int64_t(m * p.block_m + r) * p.dq_row_stride + x] = from_f32<T>(p.scale * acc[dq_accum_index(r, x)]);
+  }
+}
+
+}  // namespace fa3::attn

@@ -1,0 +1,65 @@
+// Shared-memory layout of the backward kernel and its named barriers. Tiles are TMA images with
+// the 128-byte swizzle (hopper::SmemTile), each 1024-byte aligned.
+#pragma once
+#include <cstdint>
+
+#include "src/hopper/mbarrier.cuh"
+#include "src/hopper/smem_tile.cuh"
+
+namespace fa3::attn {
+
+template <class Cfg>
+struct BwdSmem {
+  static constexpr int kD = Cfg::kHeadDim, kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
+  using KTile = hopper::SmemTile16<kN, kD>;   // K and V of the CTA's key block
+  using QTile = hopper::SmemTile16<kM, kD>;   // Q and dO of a query block
+  using DsTile = hopper::SmemTile16<kN, kM>;  // dS^T: rows keys, columns queries (dQ's M-major A)
+  static constexpr int kDqPartFloats = 64 * 64;  // one warpgroup's dQ part (bwd_config.h)
+
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + KTile::kBytes;
+  static constexpr int kOffQ = kOffV + KTile::kBytes;
+  static constexpr int kOffDo = kOffQ + kStages * QTile::kBytes;
+  // dS^T is double-buffered: a warpgroup writes the next block's half while the other may still
+  // read this block's in its dQ GEMM (one barrier per step instead of two).
+  static constexpr int kOffDs = kOffDo + kStages * QTile::kBytes;
+  // fp32 dQ staging: two buffers per warpgroup, so a warpgroup writes the next part while the
+  // writer warp's bulk copy still reads the last.
+  static constexpr int kOffDq = kOffDs + 2 * DsTile::kBytes;
+  static constexpr int kOffLse = kOffDq + 4 * kDqPartFloats * 4;
+  static constexpr int kOffDelta = kOffLse + kStages * kM * 4;
+  static constexpr int kOffBarriers = kOffDelta + kStages * kM * 4;
+
+  struct Barriers {
+    uint64_t kv;  // K and V of the block, once
+    hopper::PipelineBarriers<kStages> q;  // Q, dO, LSE2 and D of a query block
+    // Per consumer warpgroup, its dQ staging: full = the warpgroup's 128 threads wrote a part, empty =
+    // the writer's bulk copy read it (bwd_dq_writer.cuh).
+    hopper::PipelineBarriers<2> dq[2];
+  };
+  static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;
+  static_assert(kBytes <= 227 * 1024, "backward tile configuration exceeds 227 KB of shared memory");
+
+  uint8_t* base;
+  __device__ __forceinline__ explicit BwdSmem(uint8_t* raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))) {}
+  __device__ __forceinline__ uint8_t* k() const { return base + kOffK; }
+  __device__ __forceinline__ uint8_t* v() const { return base + kOffV; }
+  __device__ __forceinline__ uint8_t* q(int stage) const { return base + kOffQ + stage * QTile::kBytes; }
+  __device__ __forceinline__ uint8_t* dout(int stage) const { return base + kOffDo + stage * QTile::kBytes; }
+  __device__ __forceinline__ uint8_t* ds(int buf) const { return base + kOffDs + buf * DsTile::kBytes; }
+  __device__ __forceinline__ float* dq(int consumer, int buf) const {
+    return reinterpret_cast<float*>(base + kOffDq) + (2 * consumer + buf) * kDqPartFloats;
+  }
+  __device__ __forceinline__ float* lse2(int stage) const { return reinterpret_cast<float*>(base + kOffLse) + stage * kM; }
+  __device__ __forceinline__ float* delta(int stage) const {
+    return reinterpret_cast<float*>(base + kOffDelta) + stage * kM;
+  }
+  __device__ __forceinline__ Barriers& bars() const { return *reinterpret_cast<Barriers*>(base + kOffBarriers); }
+};
+
+enum BwdBarrier : int {
+  kBarDsReady = 2,   // both consumers wrote their half of dS^T (256 threads)
+};
+
+}  // namespace fa3::attn

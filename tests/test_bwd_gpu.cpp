@@ -1,0 +1,296 @@
+// The backward through the public API (the Hopper kernels and the reference GPU kernels) against
+// the double-precision CPU reference: dQ, dK and dV on fresh random inputs, poisoned gradients
+// (elements no row owns must keep the poison), every Hopper instantiation by its features,
+// lengths that are not tile multiples, unequal lengths, GQA/MQA, windows, softcap, head-dim pairs,
+// strided layouts, and deterministic mode bitwise reproducible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "reference/rounding.h"
+#include "tests/gpu_util.h"
+
+namespace fa3::test {
+namespace {
+
+uint16_t to_bits(float x, fa3_dtype t) { return t == FA3_DTYPE_BF16 ? ref::to_bf16_bits(x) : ref::to_fp16_bits(x); }
+float from_bits(uint16_t b, fa3_dtype t) { return t == FA3_DTYPE_BF16 ? ref::from_bf16_bits(b) : ref::from_fp16_bits(b); }
+
+// A backward problem: the forward's data (run through fa3::forward for O and LSE), dO and the
+// three gradient buffers in the layouts of O, Q, K and V.
+struct BwdData {
+  FwdData f;
+  std::vector<std::vector<float>> dout;  // logical, as ref::backward wants it
+  DeviceBuffer ddo, dq, dk, dv, workspace;
+  BwdArgs args;
+};
+
+BwdData make_bwd_data(const FwdCase& c, int deterministic = 0) {
+  BwdData d;
+  FwdCase fc = c;
+  fc.with_lse = true;
+  d.f = make_fwd_data(fc);
+  const FwdPlan& P = d.f.plan;
+  Status st = fa3::forward(d.f.args);
+  EXPECT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> img(d.f.out.bytes() / 2, 0);
+  d.dout.resize(P.batch);
+  for (int b = 0; b < P.batch; ++b)
+    for (int i = 0; i < P.used_q[b]; ++i)
+      for (int h = 0; h < P.heads_q; ++h)
+        for (int x = 0; x < P.dv; ++x) {
+          const uint16_t bits = to_bits(normal(rng()), c.dtype);
+          img[P.o_index(b, i, h, x)] = bits;
+          d.dout[b].push_back(from_bits(bits, c.dtype));
+        }
+  d.ddo = DeviceBuffer(img.size() * 2);
+  d.ddo.upload(img.data(), img.size() * 2);
+  d.dq = DeviceBuffer(d.f.q.bytes());
+  d.dk = DeviceBuffer(d.f.k.bytes());
+  d.dv = DeviceBuffer(d.f.v.bytes());
+  for (DeviceBuffer* b : {&d.dq, &d.dk, &d.dv}) b->fill_bytes(0xFF);
+
+  BwdArgs& a = d.args;
+  a.fwd = d.f.args;
+  auto with = [](fa3_tensor t, void* data) {
+    t.data = data;
+    return t;
+  };
+  a.dout = with(d.f.args.out, d.ddo.get());
+  a.dq = with(d.f.args.q, d.dq.get());
+  a.dk = with(d.f.args.k, d.dk.get());
+  a.dv = with(d.f.args.v, d.dv.get());
+  a.deterministic = deterministic;
+  size_t bytes = 0;
+  st = fa3::workspace_size(a, &bytes);
+  EXPECT_TRUE(st.ok()) << st.message();
+  d.workspace = DeviceBuffer(std::max<size_t>(bytes, 16));
+  d.workspace.fill_bytes(0x7F);  // garbage: the backward must clear what it accumulates into
+  a.workspace = d.workspace.get();
+  a.workspace_bytes = bytes;
+  return d;
+}
+
+struct Grads {
+  std::vector<uint16_t> dq, dk, dv;  // raw device images
+};
+
+Grads run_bwd(BwdData& d) {
+  const Status st = fa3::backward(d.args);
+  EXPECT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  Grads g;
+  g.dq.resize(d.dq.bytes() / 2);
+  g.dk.resize(d.dk.bytes() / 2);
+  g.dv.resize(d.dv.bytes() / 2);
+  d.dq.download(g.dq.data(), d.dq.bytes());
+  d.dk.download(g.dk.data(), d.dk.bytes());
+  d.dv.download(g.dv.data(), d.dv.bytes());
+  return g;
+}
+
+// Relative Frobenius error of one gradient, its worst element against the largest reference one,
+// NaNs, and elements written where no row owns them (the poison 0xFFFF changed).
+struct GradError {
+  double rel = 0, max_abs = 0, max_ref = 0;
+  long nan = 0, stray = 0;
+};
+
+template <class Index>
+GradError grad_error(const std::vector<uint16_t>& img, const std::vector<std::vector<double>>& want,
+                     const std::vector<int>& rows, int heads, int dim, fa3_dtype t, Index index) {
+  GradError e;
+  std::vector<char> owned(img.size(), 0);
+  double num = 0, den = 0;
+  for (size_t b = 0; b < want.size(); ++b)
+    for (int i = 0; i < rows[b]; ++i)
+      for (int h = 0; h < heads; ++h)
+        for (int x = 0; x < dim; ++x) {
+          const int64_t at = index(int(b), i, h, x);
+          owned[at] = 1;
+          const double got = from_bits(img[at], t), ref = want[b][(size_t(i) * heads + h) * dim + x];
+          if (std::isnan(got)) ++e.nan;
+          num += (got - ref) * (got - ref);
+          den += ref * ref;
+          e.max_abs = std::max(e.max_abs, std::fabs(got - ref));
+          e.max_ref = std::max(e.max_ref, std::fabs(ref));
+        }
+  for (size_t i = 0; i < img.size(); ++i)
+    if (!owned[i] && img[i] != 0xFFFF) ++e.stray;
+  e.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+
+void expect_grad(const GradError& e, const char* what, const std::string& name, double tol) {
+  EXPECT_EQ(e.nan, 0) << name << " " << what << ": NaNs";
+  EXPECT_EQ(e.stray, 0) << name << " " << what << ": writes outside the owned elements";
+  EXPECT_LE(e.rel, tol) << name << " " << what << ": relative error " << e.rel << " (max abs " << e.max_abs
+                        << " of " << e.max_ref << ")";
+  // A few wrong elements must not hide in the norm.
+  EXPECT_LE(e.max_abs, 8 * tol * std::max(e.max_ref, 1e-3) + 1e-3) << name << " " << what << ": max abs " << e.max_abs;
+}
+
+void check_bwd_case(const FwdCase& c, const char* want_kernel, double tol = 1e-2) {
+  SCOPED_TRACE(c.name());
+  BwdData d = make_bwd_data(c);
+  const char* name = nullptr;
+  ASSERT_TRUE(fa3::kernel_name(d.args, &name).ok());
+  EXPECT_STREQ(want_kernel, name) << c.name();
+  const Grads g = run_bwd(d);
+  const ref::BwdResult want = ref::backward(d.f.prob, d.f.in, d.dout);
+  const FwdPlan& P = d.f.plan;
+  const fa3_dtype t = c.dtype;
+  expect_grad(grad_error(g.dq, want.dq, P.used_q, P.heads_q, P.dqk, t,
+                         [&](int b, int i, int h, int x) { return P.q_index(b, i, h, x); }),
+              "dq", c.name(), tol);
+  expect_grad(grad_error(g.dk, want.dk, P.used_k, P.heads_kv, P.dqk, t,
+                         [&](int b, int j, int h, int x) { return P.k_index(b, j, h, x); }),
+              "dk", c.name(), tol);
+  expect_grad(grad_error(g.dv, want.dv, P.used_k, P.heads_kv, P.dv, t,
+                         [&](int b, int j, int h, int x) { return P.v_index(b, j, h, x); }),
+              "dv", c.name(), tol);
+}
+
+// Every Hopper backward instantiation (dtype x head dim x mask x softcap), by its features.
+TEST(BwdGpu, EveryHopperInstantiation) {
+  FA3_REQUIRE_GPU();
+  for (fa3_dtype t : {FA3_DTYPE_BF16, FA3_DTYPE_FP16})
+    for (int dim : {64, 128})
+      for (bool causal : {false, true})
+        for (float cap : {0.f, 5.f}) {
+          FwdCase c;
+          c.dtype = t;
+          c.head_dim = dim;
+          c.seqlen_q = 300;
+          c.seqlen_k = 300;
+          c.causal = causal;
+          c.softcap = cap;
+          check_bwd_case(c, "hopper");
+        }
+}
+
+TEST(BwdGpu, SeqlenGrid) {
+  FA3_REQUIRE_GPU();
+  for (int s : {1, 17, 1000, 4097})
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.seqlen_q = c.seqlen_k = s;
+      c.heads_q = c.heads_kv = s > 1000 ? 1 : 2;
+      c.causal = causal;
+      check_bwd_case(c, "hopper");
+    }
+}
+
+TEST(BwdGpu, UnequalLengthsGqaWindows) {
+  FA3_REQUIRE_GPU();
+  for (auto [sq, sk] : {std::pair{17, 1000}, std::pair{1000, 17}, std::pair{300, 129}}) {
+    FwdCase c;
+    c.batch = 2;
+    c.seqlen_q = sq;
+    c.seqlen_k = sk;
+    c.heads_q = 8;
+    c.heads_kv = 1;  // MQA (rows that see no key when sq > sk: dQ = 0)
+    c.causal = true;
+    check_bwd_case(c, "hopper");
+    c.causal = false;
+    c.window_left = 33;
+    c.window_right = 7;
+    c.heads_kv = 2;  // GQA 4:1
+    c.head_dim = 64;
+    check_bwd_case(c, "hopper");
+  }
+}
+
+TEST(BwdGpu, HeadDimsAndLayouts) {
+  FA3_REQUIRE_GPU();
+  FwdCase c;
+  c.seqlen_q = 200;
+  c.seqlen_k = 333;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  for (int dim : {40, 80, 96, 128}) {
+    c.head_dim = dim;
+    c.layout = dim == 80 ? Layout::kBHSD : Layout::kBSHDPadded;
+    check_bwd_case(c, "hopper");
+  }
+  c.layout = Layout::kBSHD;
+  c.head_dim = 128;
+  c.head_dim_v = 64;  // d_qk != d_v on the d128 tile
+  c.causal = true;
+  check_bwd_case(c, "hopper");
+  c.head_dim = 64;
+  c.head_dim_v = 128;
+  check_bwd_case(c, "hopper");
+}
+
+// What the Hopper backward does not cover runs on the reference kernels, same contract.
+TEST(BwdGpu, ReferenceKernelFeatures) {
+  FA3_REQUIRE_GPU();
+  FwdCase c;
+  c.batch = 3;
+  c.varlen_q = {100, 0, 257};
+  c.varlen_k = {130, 64, 257};
+  c.causal = true;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  check_bwd_case(c, "reference-gpu");
+  c = FwdCase();
+  c.head_dim = 256;
+  c.seqlen_q = 150;
+  c.seqlen_k = 190;
+  c.softcap = 3.f;
+  check_bwd_case(c, "reference-gpu");
+  c = FwdCase();
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.window_left = 20;
+  c.window_right = 0;
+  check_bwd_case(c, "reference-gpu");
+}
+
+// Deterministic mode: bitwise identical gradients over repeated runs (the workspace refilled with
+// garbage in between), and still correct.
+TEST(BwdGpu, DeterministicIsBitwiseReproducible) {
+  FA3_REQUIRE_GPU();
+  // Each dQ order (bwd_params.h): rotating (unmasked, key blocks <= query blocks), decreasing
+  // (causal), increasing (unmasked with more key blocks than query blocks).
+  struct Shape {
+    int dim, sq, sk;
+    bool causal;
+  };
+  for (const Shape& sh : {Shape{64, 2048, 2048, false}, Shape{128, 2048, 2048, true}, Shape{128, 300, 2100, false},
+                          Shape{64, 1500, 1000, true}}) {
+    FwdCase c;
+    c.head_dim = sh.dim;
+    c.seqlen_q = sh.sq;
+    c.seqlen_k = sh.sk;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = sh.causal;
+    BwdData d = make_bwd_data(c, 1);
+    const Grads first = run_bwd(d);
+    for (int rep = 0; rep < 3; ++rep) {
+      d.workspace.fill_bytes(0x7F);
+      const Grads again = run_bwd(d);
+      EXPECT_TRUE(again.dq == first.dq) << c.name() << " dq differs on run " << rep + 2;
+      EXPECT_TRUE(again.dk == first.dk) << c.name() << " dk differs on run " << rep + 2;
+      EXPECT_TRUE(again.dv == first.dv) << c.name() << " dv differs on run " << rep + 2;
+    }
+    const ref::BwdResult want = ref::backward(d.f.prob, d.f.in, d.dout);
+    const FwdPlan& P = d.f.plan;
+    expect_grad(grad_error(first.dq, want.dq, P.used_q, P.heads_q, P.dqk, c.dtype,
+                           [&](int b, int i, int h, int x) { return P.q_index(b, i, h, x); }),
+                "dq", c.name(), 1e-2);
+    expect_grad(grad_error(first.dk, want.dk, P.used_k, P.heads_kv, P.dqk, c.dtype,
+                           [&](int b, int j, int h, int x) { return P.k_index(b, j, h, x); }),
+                "dk", c.name(), 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace fa3::test
