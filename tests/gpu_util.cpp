@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -53,6 +54,19 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
   check(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
 }
 void DeviceBuffer::fill_bytes(int value) { check(cudaMemset(ptr_, value, bytes_), "cudaMemset"); }
+
+bool env_long(const char* name, long long* value) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return false;
+  char* end = nullptr;
+  const long long v = std::strtoll(s, &end, 10);
+  if (end == s || *end != '\0') {
+    ADD_FAILURE() << name << "='" << s << "' is not an integer";
+    return false;
+  }
+  *value = v;
+  return true;
+}
 
 std::mt19937& rng() {
   static std::mt19937 gen = [] {

@@ -45,6 +45,10 @@ class DeviceBuffer {
 
 std::mt19937& rng();  // seeded once from std::random_device; the seed is printed at start
 
+// An integer from the environment: false when unset or empty (a value that is not an integer is
+// a test failure).
+bool env_long(const char* name, long long* value);
+
 enum class Layout { kBSHD, kBSHDPadded, kBHSD };
 
 struct FwdCase {

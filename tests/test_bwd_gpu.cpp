@@ -2,14 +2,22 @@
 // the double-precision CPU reference: dQ, dK and dV on fresh random inputs, poisoned gradients
 // (elements no row owns must keep the poison), every Hopper instantiation by its features,
 // lengths that are not tile multiples, unequal lengths, GQA/MQA, windows, softcap, head-dim pairs,
-// strided layouts, and deterministic mode bitwise reproducible.
+// strided layouts, and deterministic mode bitwise reproducible; and randomised configurations of
+// the Hopper backward against the reference GPU backward (itself checked against the CPU above).
+//
+// Random test environment: FA3_RANDOM_SEED=S (default random, printed), FA3_BWD_RANDOM_CASES=N
+// (default 300), FA3_RANDOM_CASE=I (only case I of seed S, as a failure message says).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <map>
 #include <random>
 
 #include "reference/rounding.h"
+#include "src/api/dispatch.h"
 #include "tests/gpu_util.h"
 
 namespace fa3::test {
@@ -290,6 +298,115 @@ TEST(BwdGpu, DeterministicIsBitwiseReproducible) {
                            [&](int b, int j, int h, int x) { return P.k_index(b, j, h, x); }),
                 "dk", c.name(), 1e-2);
   }
+}
+
+// One random configuration the Hopper backward serves (fixed lengths, head dims <= 128).
+FwdCase random_bwd_case(std::mt19937& g, bool* deterministic) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); };
+  auto chance = [&](double p) { return std::bernoulli_distribution(p)(g); };
+  auto log_len = [&](int hi) { return std::max(1, int(std::exp(std::uniform_real_distribution<double>(0, std::log(hi))(g)))); };
+  FwdCase c;
+  c.dtype = chance(0.7) ? FA3_DTYPE_BF16 : FA3_DTYPE_FP16;
+  c.head_dim = chance(0.6) ? (chance(0.5) ? 64 : 128) : 8 * uni(1, 16);
+  c.head_dim_v = chance(0.7) ? c.head_dim : 8 * uni(1, 16);
+  c.heads_kv = uni(1, 3);
+  c.heads_q = c.heads_kv * (1 << uni(0, 3));
+  c.batch = uni(1, 3);
+  c.seqlen_q = log_len(1500);
+  c.seqlen_k = chance(0.4) ? c.seqlen_q : log_len(1500);
+  const int mask = uni(0, 9);
+  if (mask < 4) {
+    c.causal = true;
+  } else if (mask < 6) {
+    c.window_left = chance(0.8) ? uni(0, 300) : -1;
+    c.window_right = c.window_left < 0 || chance(0.8) ? uni(0, 300) : -1;
+  }
+  if (chance(0.25)) c.softcap = std::uniform_real_distribution<float>(2.f, 30.f)(g);
+  const int layout = uni(0, 2);
+  c.layout = layout == 0 ? Layout::kBSHD : layout == 1 ? Layout::kBSHDPadded : Layout::kBHSD;
+  *deterministic = chance(0.3);
+  // Keep the reference kernels' work per case small: batch * heads * sq * sk * (d_qk + d_v).
+  while (double(c.batch) * c.heads_q * c.seqlen_q * c.seqlen_k * (c.head_dim + c.head_dim_v) > 1.5e9) {
+    c.seqlen_q = std::max(1, c.seqlen_q * 3 / 4);
+    c.seqlen_k = std::max(1, c.seqlen_k * 3 / 4);
+  }
+  return c;
+}
+
+// The Hopper backward and the reference kernels on the same inputs: each gradient within 1e-2.
+std::string compare_with_reference_kernels(const FwdCase& c, bool deterministic) {
+  BwdData d = make_bwd_data(c, deterministic);
+  const char* name = nullptr;
+  if (!fa3::kernel_name(d.args, &name).ok() || std::string(name) != "hopper")
+    return std::string("not on the Hopper backward: ") + (name ? name : "?");
+  const Grads got = run_bwd(d);
+  DeviceBuffer rq(d.dq.bytes()), rk(d.dk.bytes()), rv(d.dv.bytes());
+  fa3_bwd_params b = d.args;
+  b.dq.data = rq.get();
+  b.dk.data = rk.get();
+  b.dv.data = rv.get();
+  const Status st = detail::oracle_bwd(b, detail::make_problem(b.fwd), nullptr);  // its scratch fits the workspace
+  if (!st.ok()) return "reference kernels: " + st.message();
+  if (cudaDeviceSynchronize() != cudaSuccess) return "CUDA error after the reference kernels";
+  const FwdPlan& P = d.f.plan;
+  std::string why;
+  auto check = [&](const char* what, const std::vector<uint16_t>& img, const DeviceBuffer& ref_buf,
+                   const std::vector<int>& rows, int heads, int dim, auto index) {
+    std::vector<uint16_t> ref_img(ref_buf.bytes() / 2);
+    ref_buf.download(ref_img.data(), ref_buf.bytes());
+    std::vector<std::vector<double>> want(P.batch);
+    for (int bb = 0; bb < P.batch; ++bb)
+      for (int i = 0; i < rows[bb]; ++i)
+        for (int h = 0; h < heads; ++h)
+          for (int x = 0; x < dim; ++x) want[bb].push_back(from_bits(ref_img[index(bb, i, h, x)], c.dtype));
+    const GradError e = grad_error(img, want, rows, heads, dim, c.dtype, index);
+    const bool ok = e.nan == 0 && e.stray == 0 && e.rel <= 1e-2 && e.max_abs <= 8e-2 * std::max(e.max_ref, 1e-3) + 1e-3;
+    if (!ok)
+      why += std::string(what) + ": rel " + std::to_string(e.rel) + " max abs " + std::to_string(e.max_abs) + " of " +
+             std::to_string(e.max_ref) + " nan " + std::to_string(e.nan) + " stray " + std::to_string(e.stray) + "; ";
+  };
+  check("dq", got.dq, rq, P.used_q, P.heads_q, P.dqk, [&](int bb, int i, int h, int x) { return P.q_index(bb, i, h, x); });
+  check("dk", got.dk, rk, P.used_k, P.heads_kv, P.dqk, [&](int bb, int j, int h, int x) { return P.k_index(bb, j, h, x); });
+  check("dv", got.dv, rv, P.used_k, P.heads_kv, P.dv, [&](int bb, int j, int h, int x) { return P.v_index(bb, j, h, x); });
+  return why;
+}
+
+TEST(BwdRandomGpu, AgreesWithReferenceKernelsOnRandomConfigs) {
+  FA3_REQUIRE_GPU();
+  long long seed_ll = 0, cases = 300, only = -1;
+  const unsigned seed = env_long("FA3_RANDOM_SEED", &seed_ll) ? unsigned(seed_ll) : std::random_device{}();
+  env_long("FA3_BWD_RANDOM_CASES", &cases);
+  const bool single = env_long("FA3_RANDOM_CASE", &only);
+  std::printf("[fa3 bwd random] FA3_RANDOM_SEED=%u FA3_BWD_RANDOM_CASES=%lld\n", seed, cases);
+  std::fflush(stdout);
+  const std::mt19937 saved = rng();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<std::string, int> covered;
+  int failures = 0, run = 0;
+  for (long long i = single ? only : 0; i < (single ? only + 1 : cases) && failures < 10; ++i) {
+    std::seed_seq seq{seed, unsigned(i), 0xb00du};
+    std::mt19937 engine(seq);
+    bool deterministic = false;
+    const FwdCase c = random_bwd_case(engine, &deterministic);
+    rng().seed(engine());  // this case's inputs depend on (seed, i) only
+    covered[c.causal ? "causal" : c.window_left >= 0 || c.window_right >= 0 ? "window" : "no mask"]++;
+    if (c.softcap > 0) covered["softcap"]++;
+    if (c.head_dim != c.head_dim_v) covered["d_qk != d_v"]++;
+    if (c.heads_q != c.heads_kv) covered["gqa/mqa"]++;
+    if (deterministic) covered["deterministic"]++;
+    ++run;
+    const std::string why = compare_with_reference_kernels(c, deterministic);
+    if (why.empty()) continue;
+    ++failures;
+    ADD_FAILURE() << "random backward case " << i << " failed; reproduce with FA3_RANDOM_SEED=" << seed
+                  << " FA3_RANDOM_CASE=" << i << "\n  " << c.name() << (deterministic ? " deterministic" : "")
+                  << "\n  FwdCase c; " << c.repro() << "\n  " << why;
+  }
+  rng() = saved;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[fa3 bwd random] %d cases in %.1f s, %d failed; seed %u; covered:", run, secs, failures, seed);
+  for (const auto& [what, n] : covered) std::printf(" %s %d,", what.c_str(), n);
+  std::printf("\n");
 }
 
 }  // namespace

@@ -32,19 +32,6 @@ constexpr int kMaxFailuresReported = 20;
 constexpr double kMaxSteps = 4e7;
 constexpr double kMaxElements = 5e6;
 
-bool env_long(const char* name, long long* value) {
-  const char* s = std::getenv(name);
-  if (s == nullptr || *s == '\0') return false;
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 10);
-  if (end == s || *end != '\0') {
-    ADD_FAILURE() << name << "='" << s << "' is not an integer";
-    return false;
-  }
-  *value = v;
-  return true;
-}
-
 class Gen {
  public:
   explicit Gen(std::mt19937& g) : g_(g) {}

@@ -48,9 +48,9 @@ if want sanitize; then
   # Small configurations of every path: zero tiles, zero-length sequences, and a few dozen random
   # configurations (softcap, varlen, head-dim pairs, masks, strides) of the randomised test.
   echo "== compute-sanitizer (small configs)"
-  filter=${SANITIZE_FILTER:-'FwdGpu.RowsWithoutKeysAndNoLse:FwdGpu.ZeroLengthSequences:FwdRandomGpu.*:HopperPrims.*:BwdGpu.UnequalLengthsGqaWindows'}
+  filter=${SANITIZE_FILTER:-'FwdGpu.RowsWithoutKeysAndNoLse:FwdGpu.ZeroLengthSequences:FwdRandomGpu.*:HopperPrims.*:BwdGpu.UnequalLengthsGqaWindows:BwdRandomGpu.*'}
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
-    FA3_RANDOM_CASES=${SANITIZE_RANDOM_CASES:-24} timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool \
+    FA3_RANDOM_CASES=${SANITIZE_RANDOM_CASES:-24} FA3_BWD_RANDOM_CASES=${SANITIZE_RANDOM_CASES:-24} timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool \
       --error-exitcode 9 "$BUILD/fa3_tests" --gtest_filter="$filter" > "$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     note "sanitizer $tool" "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"

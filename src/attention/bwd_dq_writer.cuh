@@ -4,7 +4,8 @@
 // cp.reduce.async.bulk, off the consumers' path (FlashAttention-3 gives this to a warp of its own).
 // Deterministic mode: before a step's adds, the lane waits on the query block's semaphore for the
 // parts that come first (bwd_dq_adds_before), and releases the step's once its adds completed: when
-// it next has to wait anyway (its next part not staged yet), else after issuing the next step's.
+// it next has to wait anyway (its next part not staged yet, or the next query block's turn not
+// come), else after issuing the next step's adds.
 #pragma once
 #include <cuda/atomic>
 
@@ -61,7 +62,12 @@ struct BwdDqWriter {
         if (p.deterministic && part == 0) {
           const cuda::atomic_ref<int, cuda::thread_scope_device> count(p.dq_semaphore[sem]);
           const int want = bwd_dq_adds_before<Cfg>(n_block, m, seq, p);
-          while (count.load(cuda::memory_order_acquire) < want) __nanosleep(32);
+          if (count.load(cuda::memory_order_acquire) < want) {
+            // Never wait while holding a release: with the rotating order the key blocks form a
+            // ring, and writers each waiting with their last add unreleased deadlock.
+            release<0>(p, pending);
+            while (count.load(cuda::memory_order_acquire) < want) __nanosleep(32);
+          }
           hopper::ptx::fence_proxy_async();  // the adds before ours (acquired) -> our bulk ops
         }
         float* dst = p.dq_accum + (bh * p.seqlen_q_rounded + int64_t(m) * kM) * kD + part * Smem::kDqPartFloats;
