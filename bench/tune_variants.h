@@ -1,5 +1,5 @@
 // Tile-shape variants of the forward kernel for `fa3-bench --tune`: extra instantiations compiled
-// only with -DFA3_BUILD_TUNE=ON (tune_variants.cu), so that one GPU session can time several
+// only with -DFA3_BUILD_TUNE=ON (tune_variants.cu), so that one GPU run can time several
 // configurations of a head dim side by side.  The product's choices live in fwd_config.h.
 #pragma once
 #include <cuda_runtime_api.h>

@@ -236,6 +236,44 @@ TEST(BwdGpu, HeadDimsAndLayouts) {
   check_bwd_case(c, "hopper");
 }
 
+// A broadcast dO (an input, so zero strides are legal): one head's gradient for every query head.
+// TMA maps take the zero head stride as it is.
+TEST(BwdGpu, BroadcastDout) {
+  FA3_REQUIRE_GPU();
+  for (int dim : {64, 128}) {
+    FwdCase c;
+    c.head_dim = dim;
+    c.seqlen_q = 300;
+    c.seqlen_k = 200;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.causal = true;
+    SCOPED_TRACE(c.name());
+    BwdData d = make_bwd_data(c);
+    d.args.dout.head_stride = 0;  // every head reads head 0's rows
+    const FwdPlan& P = d.f.plan;
+    for (int b = 0; b < P.batch; ++b)
+      for (int i = 0; i < P.used_q[b]; ++i)
+        for (int h = 1; h < P.heads_q; ++h)
+          for (int x = 0; x < P.dv; ++x)
+            d.dout[b][(size_t(i) * P.heads_q + h) * P.dv + x] = d.dout[b][size_t(i) * P.heads_q * P.dv + x];
+    const char* name = nullptr;
+    ASSERT_TRUE(fa3::kernel_name(d.args, &name).ok());
+    EXPECT_STREQ("hopper", name);
+    const Grads g = run_bwd(d);
+    const ref::BwdResult want = ref::backward(d.f.prob, d.f.in, d.dout);
+    expect_grad(grad_error(g.dq, want.dq, P.used_q, P.heads_q, P.dqk, c.dtype,
+                           [&](int b, int i, int h, int x) { return P.q_index(b, i, h, x); }),
+                "dq", c.name(), 1e-2);
+    expect_grad(grad_error(g.dk, want.dk, P.used_k, P.heads_kv, P.dqk, c.dtype,
+                           [&](int b, int j, int h, int x) { return P.k_index(b, j, h, x); }),
+                "dk", c.name(), 1e-2);
+    expect_grad(grad_error(g.dv, want.dv, P.used_k, P.heads_kv, P.dv, c.dtype,
+                           [&](int b, int j, int h, int x) { return P.v_index(b, j, h, x); }),
+                "dv", c.name(), 1e-2);
+  }
+}
+
 // What the Hopper backward does not cover runs on the reference kernels, same contract.
 TEST(BwdGpu, ReferenceKernelFeatures) {
   FA3_REQUIRE_GPU();

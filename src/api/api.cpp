@@ -69,12 +69,10 @@ Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   return ok();
 }
 
-bool bwd_on_hopper(const fa3_bwd_params& b, const FwdProblem& f) {
-  return hopper_bwd_unsupported_reason(f, b.dout) == nullptr;
-}
+bool bwd_on_hopper(const FwdProblem& f) { return hopper_bwd_unsupported_reason(f) == nullptr; }
 
-size_t bwd_workspace_bytes(const fa3_bwd_params& b, const FwdProblem& f) {
-  return bwd_on_hopper(b, f) ? hopper_bwd_workspace_bytes(f) : oracle_bwd_workspace_bytes(f);
+size_t bwd_workspace_bytes(const FwdProblem& f) {
+  return bwd_on_hopper(f) ? hopper_bwd_workspace_bytes(f) : oracle_bwd_workspace_bytes(f);
 }
 
 Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream) {
@@ -86,24 +84,24 @@ Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream) {
                                                       {p->workspace, "workspace"}};
   for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   const FwdProblem f = make_problem(p->fwd);
-  const size_t need = bwd_workspace_bytes(*p, f);
+  const size_t need = bwd_workspace_bytes(f);
   if (p->workspace_bytes < need)
     return invalid("workspace_bytes must be at least fa3_bwd_workspace_size() = " + std::to_string(need) + "; got " +
                    std::to_string(p->workspace_bytes));
-  return bwd_on_hopper(*p, f) ? hopper_bwd(*p, f, stream) : oracle_bwd(*p, f, stream);
+  return bwd_on_hopper(f) ? hopper_bwd(*p, f, stream) : oracle_bwd(*p, f, stream);
 }
 
 Status bwd_workspace_impl(const fa3_bwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_bwd(p));
-  *bytes = bwd_workspace_bytes(*p, make_problem(p->fwd));
+  *bytes = bwd_workspace_bytes(make_problem(p->fwd));
   return ok();
 }
 
 Status bwd_kernel_name_impl(const fa3_bwd_params* p, const char** name) {
   if (name == nullptr) return invalid("name must not be NULL");
   FA3_TRY(validate_bwd(p));
-  *name = bwd_on_hopper(*p, make_problem(p->fwd)) ? "hopper" : "reference-gpu";
+  *name = bwd_on_hopper(make_problem(p->fwd)) ? "hopper" : "reference-gpu";
   return ok();
 }
 

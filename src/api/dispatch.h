@@ -23,7 +23,7 @@ Status oracle_fwd(const FwdProblem& f, cudaStream_t stream);
 
 // The backward: the Hopper kernels (src/attention/bwd_*) and the simple fp32 ones (src/oracle)
 // that cover every backward feature. Each needs the scratch its *_workspace_bytes names.
-const char* hopper_bwd_unsupported_reason(const FwdProblem& f, const fa3_tensor& dout);
+const char* hopper_bwd_unsupported_reason(const FwdProblem& f);
 size_t hopper_bwd_workspace_bytes(const FwdProblem& f);
 Status hopper_bwd(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream);
 size_t oracle_bwd_workspace_bytes(const FwdProblem& f);

@@ -29,16 +29,12 @@ BwdWorkspace bwd_workspace_layout(const fa3_fwd_params& a, int block_m, int head
 
 namespace fa3::detail {
 
-const char* hopper_bwd_unsupported_reason(const FwdProblem& f, const fa3_tensor& dout) {
+const char* hopper_bwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
   if (p.dtype != FA3_DTYPE_BF16 && p.dtype != FA3_DTYPE_FP16) return "fp8 inputs";
   if (f.varlen_q || f.varlen_k) return "varlen";
   if (attn::bwd_padded_head_dim(p.head_dim_qk, p.head_dim_v) == 0) return "head dims above 128";
   if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
-  // TMA maps need non-zero strides; a broadcast dO (an input, so allowed) takes the other path.
-  if ((p.seqlen_q > 1 && dout.row_stride == 0) || (p.heads_q > 1 && dout.head_stride == 0) ||
-      (p.batch > 1 && dout.batch_stride == 0))
-    return "a broadcast dout (a zero stride)";
   return nullptr;
 }
 
@@ -72,7 +68,7 @@ size_t hopper_bwd_workspace_bytes(const FwdProblem& f) {
 }
 
 Status hopper_bwd(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream) {
-  if (const char* why = hopper_bwd_unsupported_reason(f, b.dout)) return not_supported(std::string("hopper backward: ") + why);
+  if (const char* why = hopper_bwd_unsupported_reason(f)) return not_supported(std::string("hopper backward: ") + why);
   return b.fwd.dtype == FA3_DTYPE_BF16 ? by_mask<FA3_DTYPE_BF16>(b, f, stream) : by_mask<FA3_DTYPE_FP16>(b, f, stream);
 }
 

@@ -19,10 +19,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   using Elem = BwdElemOf<kDtype>;
   const fa3_fwd_params& a = b.fwd;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const BwdWorkspace ws = bwd_workspace_layout(a, Cfg::kBlockM, Cfg::kHeadDim);
-  if (b.workspace_bytes < ws.bytes)
-    return detail::invalid("workspace_bytes must be at least fa3_bwd_workspace_size() = " + std::to_string(ws.bytes) +
-                   "; got " + std::to_string(b.workspace_bytes));
+  const BwdWorkspace ws = bwd_workspace_layout(a, Cfg::kBlockM, Cfg::kHeadDim);  // its size: checked by the API
   uint8_t* w = static_cast<uint8_t*>(b.workspace);
   float* lse2 = reinterpret_cast<float*>(w + ws.lse2);
   float* delta = reinterpret_cast<float*>(w + ws.delta);
@@ -31,24 +28,14 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   const int m_blocks = ws.seqlen_q_rounded / Cfg::kBlockM;
 
   BwdPrepostParams pp{};
-  pp.o = a.out.data;
-  pp.dout = b.dout.data;
-  pp.dq = b.dq.data;
+  pp.o = a.out;
+  pp.dout = b.dout;
+  pp.dq = b.dq;
   pp.lse = a.lse;
-  pp.o_batch_stride = a.out.batch_stride;
-  pp.o_row_stride = a.out.row_stride;
-  pp.o_head_stride = a.out.head_stride;
-  pp.do_batch_stride = b.dout.batch_stride;
-  pp.do_row_stride = b.dout.row_stride;
-  pp.do_head_stride = b.dout.head_stride;
-  pp.dq_batch_stride = b.dq.batch_stride;
-  pp.dq_row_stride = b.dq.row_stride;
-  pp.dq_head_stride = b.dq.head_stride;
   pp.lse2 = lse2;
   pp.delta = delta;
   pp.dq_accum = dq_accum;
   pp.dq_semaphore = sem;
-  pp.batch = a.batch;
   pp.heads_q = a.heads_q;
   pp.seqlen_q = a.seqlen_q;
   pp.seqlen_q_rounded = ws.seqlen_q_rounded;
@@ -71,14 +58,8 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   FA3_TRY(make_bshd_map(&g.tma_v, "v", dtype, a.v, dv, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
   FA3_TRY(make_bshd_map(&p.tma_do, "dout", dtype, b.dout, dv, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
   set_problem_params(g, f, Feat::kSoftcap);
-  p.dk = b.dk.data;
-  p.dv = b.dv.data;
-  p.dk_batch_stride = b.dk.batch_stride;
-  p.dk_row_stride = b.dk.row_stride;
-  p.dk_head_stride = b.dk.head_stride;
-  p.dv_batch_stride = b.dv.batch_stride;
-  p.dv_row_stride = b.dv.row_stride;
-  p.dv_head_stride = b.dv.head_stride;
+  p.dk = b.dk;
+  p.dv = b.dv;
   p.lse2 = lse2;
   p.delta = delta;
   p.dq_accum = dq_accum;

@@ -11,13 +11,6 @@
 
 namespace fa3::attn {
 
-// Which query blocks a CTA walks for each query head: those that see at least one of its keys.
-template <class Cfg>
-__device__ __forceinline__ BlockRange bwd_query_blocks(int n_block, const SeqlenInfo<false>& seq,
-                                                       const BwdKernelParams& p) {
-  return query_block_range<Cfg::kBlockM, Cfg::kBlockN>(n_block, seq, p.fwd);
-}
-
 // The steps of a CTA, (query head, query block), in the order producer and consumers take them:
 // the query heads of the kv head one after another, each over the query blocks that see the keys,
 // from `first` (rotating order: n * M / N, wrapping) and otherwise from the range's start.
@@ -25,7 +18,8 @@ template <class Cfg>
 struct BwdWalk {
   int n_block, head0, m_min, blocks, first, steps;
   __device__ __forceinline__ BwdWalk(int n, int kv_head, const SeqlenInfo<false>& seq, const BwdKernelParams& p) {
-    const BlockRange r = bwd_query_blocks<Cfg>(n, seq, p);
+    // The query blocks that see at least one of the block's keys, for each query head.
+    const BlockRange r = query_block_range<Cfg::kBlockM, Cfg::kBlockN>(n, seq, p.fwd);
     n_block = n;
     head0 = kv_head * p.fwd.head_ratio;
     m_min = r.n_min;

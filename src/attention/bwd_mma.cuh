@@ -106,6 +106,19 @@ struct BwdConsumer {
            (f.window_left < 0 || j_lo >= i_hi + off - f.window_left);
   }
 
+  // acc = (this warpgroup's 64 rows of the key-block tile at `keys`) x (the query block at
+  // `block`)^T over the head dim, both K-major: one committed group (S^T = K Q^T, dP^T = V dO^T).
+  __device__ __forceinline__ void issue_rows_times_block(float (&acc)[kM / 2], const uint8_t* keys, uint32_t block) const {
+    const uint64_t a = hopper::make_smem_desc(hopper::smem_u32(keys) + KTile::row_offset(64 * consumer), KTile::kKMajorLbo,
+                                              KTile::kKMajorSbo);
+    const uint64_t b = hopper::make_smem_desc(block, QTile::kKMajorLbo, QTile::kKMajorSbo);
+#pragma unroll
+    for (int kk = 0; kk < kD / kK; ++kk)
+      Mma::template Op<kM>::template ss<0>(acc, hopper::desc_advance(a, KTile::template k_chunk_offset<kK>(kk)),
+                                           hopper::desc_advance(b, QTile::template k_chunk_offset<kK>(kk)), kk > 0);
+    hopper::wgmma_commit();
+  }
+
   // kDqHere: this warpgroup computes (and adds) a dQ part of this step.
   template <bool kDqHere>
   __device__ void step(int n_block, int m, int h, int batch, const SeqlenInfo<false>& seq,
@@ -118,24 +131,8 @@ struct BwdConsumer {
 
     // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 rows of K / V, K-major like Q / dO.
     hopper::wgmma_fence();
-    {
-      const uint64_t dk_desc = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::row_offset(64 * consumer),
-                                                      KTile::kKMajorLbo, KTile::kKMajorSbo);
-      const uint64_t dq_desc = hopper::make_smem_desc(q_addr, QTile::kKMajorLbo, QTile::kKMajorSbo);
-#pragma unroll
-      for (int kk = 0; kk < kD / kK; ++kk)
-        Mma::template Op<kM>::template ss<0>(s, hopper::desc_advance(dk_desc, KTile::template k_chunk_offset<kK>(kk)),
-                                             hopper::desc_advance(dq_desc, QTile::template k_chunk_offset<kK>(kk)), kk > 0);
-      hopper::wgmma_commit();
-      const uint64_t dv_desc = hopper::make_smem_desc(hopper::smem_u32(smem.v()) + KTile::row_offset(64 * consumer),
-                                                      KTile::kKMajorLbo, KTile::kKMajorSbo);
-      const uint64_t ddo_desc = hopper::make_smem_desc(do_addr, QTile::kKMajorLbo, QTile::kKMajorSbo);
-#pragma unroll
-      for (int kk = 0; kk < kD / kK; ++kk)
-        Mma::template Op<kM>::template ss<0>(dp, hopper::desc_advance(dv_desc, KTile::template k_chunk_offset<kK>(kk)),
-                                             hopper::desc_advance(ddo_desc, QTile::template k_chunk_offset<kK>(kk)), kk > 0);
-      hopper::wgmma_commit();
-    }
+    issue_rows_times_block(s, smem.k(), q_addr);
+    issue_rows_times_block(dp, smem.v(), do_addr);
     hopper::wgmma_wait<1>();
     hopper::fence_operand(s);
 
@@ -270,17 +267,19 @@ struct BwdConsumer {
   __device__ void store_dkdv(int n_block, int kv_head, int batch, const SeqlenInfo<false>& seq) const {
     const FwdKernelParams& f = p.fwd;
     const int j0 = key_row0(n_block);
-    Elem* dk_base = static_cast<Elem*>(p.dk) + int64_t(batch) * p.dk_batch_stride + int64_t(kv_head) * p.dk_head_stride;
-    Elem* dv_base = static_cast<Elem*>(p.dv) + int64_t(batch) * p.dv_batch_stride + int64_t(kv_head) * p.dv_head_stride;
+    auto base = [&](const fa3_tensor& t) {
+      return static_cast<Elem*>(t.data) + int64_t(batch) * t.batch_stride + int64_t(kv_head) * t.head_stride;
+    };
+    Elem *dk_base = base(p.dk), *dv_base = base(p.dv);
 #pragma unroll
     for (int i = 0; i < kD / 2; i += 2) {
       const int j = j0 + hopper::acc_row(i), c = hopper::acc_col(i) + col0();
       if (j >= seq.seqlen_k(f)) continue;
       if (c < f.head_dim_qk)
-        *reinterpret_cast<uint32_t*>(dk_base + int64_t(j) * p.dk_row_stride + c) =
+        *reinterpret_cast<uint32_t*>(dk_base + int64_t(j) * p.dk.row_stride + c) =
             Mma::pack(dk[i] * p.scale, dk[i + 1] * p.scale);
       if (c < f.head_dim_v)
-        *reinterpret_cast<uint32_t*>(dv_base + int64_t(j) * p.dv_row_stride + c) = Mma::pack(dv[i], dv[i + 1]);
+        *reinterpret_cast<uint32_t*>(dv_base + int64_t(j) * p.dv.row_stride + c) = Mma::pack(dv[i], dv[i + 1]);
     }
   }
 };

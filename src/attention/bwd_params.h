@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "fa3/fa3_c.h"
 #include "src/attention/fwd_params.h"
 
 namespace fa3::attn {
@@ -21,10 +22,7 @@ struct BwdKernelParams {
   FwdKernelParams fwd;
   CUtensorMap tma_do;  // dO, boxes of kBlockM rows, head_dim_v columns
 
-  void* dk;
-  void* dv;
-  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
-  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  fa3_tensor dk, dv;  // the API's views (element strides)
 
   const float* lse2;
   const float* delta;
@@ -45,18 +43,13 @@ enum BwdDqOrder : int { kDqOrderIncreasing = 0, kDqOrderDecreasing = 1, kDqOrder
 
 // The preprocess and postprocess kernels (bwd_prepost.cuh): plain pointers and strides.
 struct BwdPrepostParams {
-  const void* o;
-  const void* dout;
-  void* dq;
+  fa3_tensor o, dout, dq;  // the API's views (element strides)
   const float* lse;
-  int64_t o_batch_stride, o_row_stride, o_head_stride;
-  int64_t do_batch_stride, do_row_stride, do_head_stride;
-  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
   float* lse2;
   float* delta;
   float* dq_accum;
   int* dq_semaphore;
-  int batch, heads_q, seqlen_q, seqlen_q_rounded, head_dim_qk, head_dim_v;
+  int heads_q, seqlen_q, seqlen_q_rounded, head_dim_qk, head_dim_v;
   int block_m, head_dim_padded;  // the main kernel's tile (dq_accum's layout)
   float scale;
 };

@@ -10,19 +10,9 @@
 #include <cmath>
 
 #include "src/attention/bwd_params.h"
+#include "src/hopper/elem.cuh"
 
 namespace fa3::attn {
-
-template <class T>
-__device__ __forceinline__ float to_f32(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
-  else return __half2float(x);
-}
-template <class T>
-__device__ __forceinline__ T from_f32(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
-}
 
 // Where element (row r, column x) of a 64-row query block's dQ sits in its dq_accum tile: the block
 // is d/64 parts of 64 columns, each in the order a warpgroup's m64n64 accumulator holds it
@@ -45,9 +35,11 @@ __global__ void __launch_bounds__(kPrepostWarps * 32) bwd_preprocess_kernel(cons
   const int64_t bh = int64_t(b) * p.heads_q + h;
   float d = 0.f, lse2 = INFINITY;
   if (r < p.seqlen_q) {
-    const T* o = static_cast<const T*>(p.o) + b * p.o_batch_stride + r * p.o_row_stride + h * p.o_head_stride;
-    const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + r * p.do_row_stride + h * p.do_head_stride;
-    for (int x = lane; x < p.head_dim_v; x += 32) d += to_f32(o[x]) * to_f32(dout[x]);
+    auto row = [&](const fa3_tensor& t) {
+      return static_cast<const T*>(t.data) + b * t.batch_stride + r * t.row_stride + h * t.head_stride;
+    };
+    const T *o = row(p.o), *dout = row(p.dout);
+    for (int x = lane; x < p.head_dim_v; x += 32) d += hopper::to_f32(o[x]) * hopper::to_f32(dout[x]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
     const float lse = p.lse[bh * p.seqlen_q + r];
@@ -69,11 +61,11 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdPrepostPa
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = int64_t(b) * p.heads_q + h;
   const float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + int64_t(m) * p.block_m) * p.head_dim_padded;
-  T* dq = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  T* dq = static_cast<T*>(p.dq.data) + b * p.dq.batch_stride + h * p.dq.head_stride;
   const int rows = min(p.block_m, p.seqlen_q - m * p.block_m);
   for (int e = threadIdx.x; e < rows * p.head_dim_qk; e += blockDim.x) {
     const int r = e / p.head_dim_qk, x = e % p.head_dim_qk;
-    dq[int64_t(m * p.block_m + r) * p.dq_row_stride + x] = from_f32<T>(p.scale * acc[dq_accum_index(r, x)]);
+    dq[int64_t(m * p.block_m + r) * p.dq.row_stride + x] = hopper::from_f32<T>(p.scale * acc[dq_accum_index(r, x)]);
   }
 }
 

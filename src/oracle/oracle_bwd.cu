@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_dq_kernel(const Or
 #pragma unroll
   for (int c = 0; c < kMaxDimPerLane; ++c) {
     const int x = lane + 32 * c;
-    if (x < dq) out[x] = from_f<T>(acc[c] * args.scale);
+    if (x < dq) out[x] = from_f32<T>(acc[c] * args.scale);
   }
 }
 
@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_dkdv_kernel(const 
 #pragma unroll
   for (int c = 0; c < kMaxDimPerLane; ++c) {
     const int x = lane + 32 * c;
-    if (x < dq) dk_out[x] = from_f<T>(dk[c] * args.scale);
-    if (x < dv) dv_out[x] = from_f<T>(dvv[c]);
+    if (x < dq) dk_out[x] = from_f32<T>(dk[c] * args.scale);
+    if (x < dv) dv_out[x] = from_f32<T>(dvv[c]);
   }
 }
 

@@ -1,4 +1,4 @@
-// What the reference GPU kernels share: element loads and stores in fp32, and each batch entry's
+// What the reference GPU kernels share: element loads in fp32, and each batch entry's
 // lengths and first packed rows by the API's varlen rules.
 #pragma once
 #include <cuda_bf16.h>
@@ -9,21 +9,15 @@
 #include <type_traits>
 
 #include "fa3/fa3_c.h"
+#include "src/hopper/elem.cuh"
 
 namespace fa3::detail {
 
 template <class T>
 __device__ __forceinline__ float load_f(const T* p) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(*p);
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(*p);
-  else return float(*p);  // __nv_fp8_e4m3
+  return hopper::to_f32(*p);
 }
-
-template <class T>
-__device__ __forceinline__ T from_f(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
-}
+using hopper::from_f32;
 
 // Per-batch lengths and offsets, following the API's varlen rules.
 struct SeqInfo {

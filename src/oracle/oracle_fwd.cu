@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_fwd_kernel(const O
 #pragma unroll
   for (int c = 0; c < kMaxDimPerLane; ++c) {
     const int d = lane + 32 * c;
-    if (d < dv) o[d] = from_f<TOut>(acc[c] * inv);
+    if (d < dv) o[d] = from_f32<TOut>(acc[c] * inv);
   }
   if (a.lse && lane == 0) {
     const float lse = l > 0.f ? m + logf(l) : -INFINITY;
