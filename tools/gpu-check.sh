@@ -3,7 +3,7 @@
 # benchmark + ablation, compare.py against cuDNN/FA2 in one process; logs/JSON/PNG to $OUT;
 # a short summary table last.
 #
-#   tools/gpu-check.sh [all|tests|bench|compare|bwd|sanitize]...   (default: all)
+#   tools/gpu-check.sh [all|tests|bench|compare|bwd|sanitize|python|pip]...   (default: all)
 #
 # On another machine, carrying a build made here (no rebuild there):
 #   cmake --workflow --preset release && tools/pack-build.sh      # here
@@ -77,6 +77,34 @@ if want bwd; then
   note "compare_bwd.py" "exit ${PIPESTATUS[0]}"
 fi
 
+if want python; then
+  # The Python package's tests (CPU and GPU parts) on the carried or built _C.so, then the host
+  # cost of a call from PyTorch.
+  lib="$BUILD/_C.so"; [ -f "$lib" ] || lib="$BUILD/python/fa3/_C.so"
+  if [ ! -f "$lib" ]; then
+    note "python tests" "no _C.so in $BUILD (torch was not importable when it was configured)"
+  else
+    echo "== python package tests"
+    PYTHONPATH=python FA3_TORCH_LIB="$lib" timeout ${PYTEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rs \
+      ${PYTEST_ARGS:-} python/tests 2>&1 | tee "$OUT/pytest.log" | tail -40
+    note "python tests" "$(tail -1 "$OUT/pytest.log")"
+    PYTHONPATH=python FA3_TORCH_LIB="$lib" timeout 120 python3 bench/torch_overhead.py --lib "$BUILD/libfa3.so" \
+      --json "$OUT/torch_overhead.json" 2>&1 | tee "$OUT/torch_overhead.log"
+  fi
+fi
+
+if want pip; then
+  # The README's install command, timed, into a scratch folder; then the installed package's import.
+  echo "== pip install --no-build-isolation ."
+  start=$(date +%s)
+  python3 -m pip install --no-build-isolation --no-deps --no-cache-dir --target /tmp/fa3-pip . \
+    > "$OUT/pip.log" 2>&1
+  rc=$?
+  note "pip install" "rc=$rc in $(( $(date +%s) - start )) s on $(nproc) cores"
+  PYTHONPATH=/tmp/fa3-pip python3 -c "import fa3, torch; q = torch.randn(1, 64, 2, 64, device='cuda', dtype=torch.bfloat16); print('installed fa3:', fa3._ops.library_path(), fa3.flash_attn_func(q, q, q).shape)" \
+    2>&1 | tee -a "$OUT/pip.log" | tail -2
+fi
+
 echo
 echo "================ summary ================"
 [ -f "$OUT/gpu.txt" ] && echo "gpu: $(cat "$OUT/gpu.txt")"
@@ -84,5 +112,6 @@ for line in "${summary[@]}"; do echo "$line"; done
 [ -f "$OUT/ablation.log" ] && tail -4 "$OUT/ablation.log"
 [ -f "$OUT/compare.log" ] && grep -E "^ *(64|96|128|192|256) " "$OUT/compare.log" | head -40
 [ -f "$OUT/compare.log" ] && sed -n '/extras summary/,$p' "$OUT/compare.log" | head -30
+[ -f "$OUT/torch_overhead.log" ] && cat "$OUT/torch_overhead.log"
 [ -f "$OUT/compare_bwd.log" ] && grep -E "^ *(64|96|128|192|256) |geometric|PROBLEM" "$OUT/compare_bwd.log" | head -30
 exit 0

@@ -1,0 +1,216 @@
+"""fa3's dispatcher operators: loading the compiled library, fake kernels and autograd.
+
+The operators themselves (``torch.ops.fa3.fwd`` and ``torch.ops.fa3.bwd``) are C++ (src/torch/
+torch_ops.cpp) built against PyTorch's stable ABI. What PyTorch needs besides the CUDA kernel is
+registered here: a fake (meta) kernel per operator, so that torch.compile, torch.export and
+FakeTensor tracing know the output shapes without running anything, and the autograd formula of
+``fa3::fwd``, whose backward is ``fa3::bwd``.
+
+``fwd`` and ``bwd`` below are the Python entry points every other module calls (as ``_ops.fwd``,
+looked up at call time, so tests can replace them).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Optional
+
+import torch
+
+__all__ = ["available", "library_path", "fwd", "bwd", "load_error"]
+
+_LIB_PATH: Optional[str] = None
+_LOAD_ERROR: Optional[str] = None
+
+
+def _find_library() -> Optional[str]:
+    # FA3_TORCH_LIB points at a build-tree library (tests run from the source tree); an installed
+    # package carries _C*.so next to this file.
+    env = os.environ.get("FA3_TORCH_LIB")
+    if env:
+        return env
+    found = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "_C*.so")))
+    return found[0] if found else None
+
+
+def _load() -> None:
+    global _LIB_PATH, _LOAD_ERROR
+    path = _find_library()
+    if path is None:
+        _LOAD_ERROR = ("fa3's compiled operators (_C.so) were not found next to the package and "
+                       "FA3_TORCH_LIB is not set: build them (pip install --no-build-isolation . "
+                       "or the CMake build with torch present)")
+        return
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:  # a library built for another torch, or a missing CUDA runtime
+        _LOAD_ERROR = f"fa3: could not load {path}: {e}"
+        return
+    _LIB_PATH = path
+
+
+def available() -> bool:
+    """True when the compiled operators are loaded (``import fa3`` works without them)."""
+    return _LIB_PATH is not None
+
+
+def library_path() -> Optional[str]:
+    return _LIB_PATH
+
+
+def load_error() -> Optional[str]:
+    return _LOAD_ERROR
+
+
+def _require() -> None:
+    if _LIB_PATH is None:
+        raise RuntimeError(_LOAD_ERROR or "fa3's compiled operators are not loaded")
+
+
+_load()
+
+
+# ---- Python entry points ------------------------------------------------------------------------
+def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
+        max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
+        v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
+        softcap=0.0, num_splits=1, deterministic=False):
+    """(out, softmax_lse) = fa3::fwd(...); differentiable in q, k, v (softmax_lse is not)."""
+    _require()
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+            page_table, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
+            window_right, softcap, num_splits, deterministic)
+    if torch.compiler.is_compiling():
+        # Traced: the dispatcher's autograd kernel is what AOTAutograd records.
+        return torch.ops.fa3.fwd.default(*args)
+    # Eager: go straight to the autograd node, or below autograd when nothing needs a gradient;
+    # the dispatcher's round trip through the Python autograd kernel costs ~10 us per call.
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _FwdFunction.apply(None, *args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return _FWD_OP(*args)
+
+
+def bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
+        seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=0.0, causal=False,
+        window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
+    """(dq, dk, dv) = fa3::bwd(...)."""
+    _require()
+    return torch.ops.fa3.bwd.default(
+        dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+        deterministic)
+
+
+# ---- fake kernels (shapes only; the same allocation rules as torch_ops.cpp) ---------------------
+def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
+              max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
+              v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
+              softcap=0.0, num_splits=1, deterministic=False):
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype)
+    if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:                         # [batch, heads, seqlen_q]
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
+              seqused_q=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=0.0,
+              causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# ---- autograd of fa3::fwd -----------------------------------------------------------------------
+_FWD_ARGS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k",
+             "max_seqlen_q", "max_seqlen_k", "page_table", "q_descale", "k_descale", "v_descale",
+             "softmax_scale", "causal", "window_left", "window_right", "softcap", "num_splits",
+             "deterministic")
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, su_q, su_k, max_q, max_k, page_table, q_descale, k_descale, v_descale,
+     scale, causal, wl, wr, softcap, num_splits, deterministic) = inputs
+    out, lse = output
+    # LSE is returned for inspection and split-KV merging; its gradient is not propagated (as
+    # FlashAttention), so mark it so autograd never hands us a non-zero dLSE to ignore.
+    ctx.mark_non_differentiable(lse)
+    ctx.paged = page_table is not None
+    ctx.fp8 = q.dtype == torch.float8_e4m3fn
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k)
+    ctx.scalars = (max_q, max_k, scale, causal, wl, wr, softcap)
+    ctx.deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    if ctx.paged:
+        raise RuntimeError("fa3: the backward of a paged-KV forward (page_table) is not supported")
+    if ctx.fp8:
+        raise RuntimeError("fa3: the backward of the float8_e4m3fn forward is not supported")
+    q, k, v, out, lse, cu_q, cu_k, su_q, su_k = ctx.saved_tensors
+    max_q, max_k, scale, causal, wl, wr, softcap = ctx.scalars
+    # fa3 reads dO through strides but needs a contiguous head dim; a broadcast gradient (from
+    # out.sum().backward()) has stride 0 there.
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, su_q, su_k, max_q, max_k, scale, causal,
+                     wl, wr, softcap, ctx.deterministic)
+    return (dq, dk, dv) + (None,) * (len(_FWD_ARGS) - 3)
+
+
+class _FwdFunction(torch.autograd.Function):
+    """fa3::fwd's autograd node: the forward below autograd, its backward fa3::bwd."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        # keyset: the dispatcher's, when called from the autograd kernel; None from fwd() above.
+        with torch._C._AutoDispatchBelowAutograd():
+            if keyset is None:
+                output = _FWD_OP(*args)
+            else:
+                output = torch.ops.fa3.fwd.default.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+        _fwd_setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return (None,) + _fwd_backward(ctx, dout, dlse)
+
+
+def _register_autograd():
+    # What torch.library.register_autograd does, without its per-call fill_defaults (measured
+    # ~270 us per call on a 20-argument schema, torch 2.11): the dispatcher drops trailing
+    # arguments equal to their defaults, so they are appended back from a tuple made once.
+    defaults = tuple(a.default_value for a in torch.ops.fa3.fwd.default._schema.arguments)
+
+    def autograd_kernel(keyset, *args):
+        if len(args) < len(defaults):
+            args = args + defaults[len(args):]
+        if torch.is_grad_enabled() and (args[0].requires_grad or args[1].requires_grad
+                                        or args[2].requires_grad):
+            return _FwdFunction.apply(keyset, *args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.fa3.fwd.default.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+    _LIB.impl("fwd", autograd_kernel, "Autograd", with_keyset=True)
+
+
+def _cpu_kernel(op):
+    def kernel(*args, **kwargs):
+        raise ValueError(f"fa3: {op}: expected CUDA tensors on a Hopper GPU (sm_90), got CPU "
+                         "tensors")
+    return kernel
+
+
+if _LIB_PATH is not None:
+    # Without a CPU kernel a CPU call would fail with the dispatcher's generic "could not run"
+    # message; this one says what is expected.
+    _FWD_OP = torch.ops.fa3.fwd.default._op  # the bound C++ operator: one Python frame less per call
+    _LIB = torch.library.Library("fa3", "IMPL")  # noqa: TOR901 (kept alive: it owns the kernels)
+    torch.library.register_kernel("fa3::fwd", "cpu")(_cpu_kernel("fwd"))
+    torch.library.register_kernel("fa3::bwd", "cpu")(_cpu_kernel("bwd"))
+    torch.library.register_fake("fa3::fwd")(_fwd_fake)
+    torch.library.register_fake("fa3::bwd")(_bwd_fake)
+    _register_autograd()

@@ -1,0 +1,273 @@
+"""FlashAttention-3's ``flash_attn_interface`` functions, on fa3.
+
+Same names, arguments, defaults and return conventions, so that ``import fa3 as
+flash_attn_interface`` works for code written against FlashAttention-3: BSHD tensors, ``out`` or
+``(out, softmax_lse)``, softmax_lse in natural log, [batch, heads, seqlen] (varlen: [heads, total_q]).
+
+What fa3 does not implement raises NotImplementedError naming the argument (``qv``,
+``attention_chunk``, ``cache_leftpad``, a backward through an FP8 or paged forward). Tuning hints
+that fa3 does not need are accepted and have no effect: ``pack_gqa``, ``sm_margin``,
+``scheduler_metadata``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _ops
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "flash_attn_combine",
+    "get_scheduler_metadata",
+]
+
+
+def _not_supported(name: str, what: str = "not supported by fa3 yet") -> NotImplementedError:
+    return NotImplementedError(f"fa3: {name}: {what}")
+
+
+def _check_common(qv, attention_chunk) -> None:
+    if qv is not None:
+        raise _not_supported("qv")
+    if attention_chunk not in (0, None):
+        raise _not_supported("attention_chunk", "chunked attention is not supported by fa3 yet")
+
+
+def _last_dim_contiguous(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    # fa3 takes any batch/row/head strides but reads the head dim as contiguous.
+    if x is not None and x.stride(-1) != 1:
+        return x.contiguous()
+    return x
+
+
+def _window(window_size) -> Tuple[int, int]:
+    if window_size is None:
+        return -1, -1
+    left, right = window_size
+    return int(left), int(right)
+
+
+def _scale(softmax_scale: Optional[float], q: torch.Tensor) -> float:
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                    k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
+                    softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                    return_attn_probs=False):
+    """Attention over [batch, seqlen, heads, head_dim] tensors; differentiable in q, k, v.
+
+    GQA/MQA: k and v may have fewer heads than q (a divisor). causal is bottom-right aligned;
+    window_size = (left, right), -1 unbounded. Returns out, or (out, softmax_lse) when
+    return_attn_probs (softmax_lse float32 [batch, heads, seqlen_q], not differentiable).
+    """
+    _check_common(qv, attention_chunk)
+    wl, wr = _window(window_size)
+    # Positional: the call every training step makes, kept lean (keywords cost ~1 us here).
+    out, lse = _ops.fwd(
+        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), None, None,
+        None, None, 0, 0, None, q_descale, k_descale, v_descale, _scale(softmax_scale, q),
+        bool(causal), wl, wr, float(softcap), int(num_splits), bool(deterministic))
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
+                           qv=None, q_descale=None, k_descale=None, v_descale=None,
+                           window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0,
+                           return_attn_probs=False):
+    """Attention over packed sequences: q [total_q, heads, d], k/v [total_k, heads_kv, d].
+
+    cu_seqlens_q / cu_seqlens_k: int32 [batch + 1] cumulative lengths (either may be None: then
+    that side is [batch, seqlen, heads, d]); seqused_q / seqused_k shorten each sequence.
+    max_seqlen_q / max_seqlen_k are host ints (no device sync). softmax_lse: [heads, total_q].
+    """
+    _check_common(qv, attention_chunk)
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        raise ValueError("fa3: cu_seqlens_q / cu_seqlens_k: at least one is needed for the varlen "
+                         "function (use flash_attn_func for fixed-length batches)")
+    wl, wr = _window(window_size)
+    out, lse = _ops.fwd(
+        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
+        seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0),
+        max_seqlen_k=int(max_seqlen_k or 0), q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=_scale(softmax_scale, q), causal=bool(causal),
+        window_left=wl, window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
+        deterministic=bool(deterministic))
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
+                              k_descale=None, v_descale=None, window_size=(-1, -1),
+                              attention_chunk=0, softcap=0.0, deterministic=False,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False):
+    """qkv [batch, seqlen, 3, heads, d], or [batch, seqlen, heads_q + 2 * heads_kv, d] with
+    num_heads_q (GQA). Q, K and V are read in place through strides (no copy); autograd gathers
+    their gradients into qkv's."""
+    if qkv.dim() == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"fa3: qkv: expected [batch, seqlen, 3, heads, d], got {tuple(qkv.shape)}")
+        q, k, v = qkv.unbind(dim=2)
+    elif qkv.dim() == 4:
+        if num_heads_q is None:
+            raise ValueError("fa3: num_heads_q: required for a 4-D qkv [batch, seqlen, heads_q + "
+                             "2 * heads_kv, d]")
+        heads_kv = (qkv.shape[2] - num_heads_q) // 2
+        if heads_kv <= 0 or num_heads_q + 2 * heads_kv != qkv.shape[2]:
+            raise ValueError(f"fa3: num_heads_q: {num_heads_q} does not split {qkv.shape[2]} heads "
+                             "into heads_q + 2 * heads_kv")
+        q, k, v = qkv.split([num_heads_q, heads_kv, heads_kv], dim=2)
+    else:
+        raise ValueError(f"fa3: qkv: expected 4 or 5 dims, got {qkv.dim()}")
+    return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale,
+                           window_size, attention_chunk, softcap, 1, None, deterministic,
+                           sm_margin, return_attn_probs)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of the first 2 * cos.shape[-1] dims of x [..., s, h, d]; cos/sin [..., s, r/2]."""
+    rot = 2 * cos.shape[-1]
+    xr = x[..., :rot].float()
+    c = cos.unsqueeze(-2).float()
+    s = sin.unsqueeze(-2).float()
+    if interleaved:  # pairs (0, 1), (2, 3), ...
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:            # GPT-NeoX halves (0, r/2), (1, r/2 + 1), ...
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+        out = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((out.to(x.dtype), x[..., rot:]), dim=-1)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+                            cache_batch_idx: Optional[torch.Tensor] = None,
+                            cache_leftpad: Optional[torch.Tensor] = None,
+                            page_table: Optional[torch.Tensor] = None,
+                            cu_seqlens_q: Optional[torch.Tensor] = None,
+                            cu_seqlens_k_new: Optional[torch.Tensor] = None,
+                            max_seqlen_q: Optional[int] = None,
+                            rotary_seqlens: Optional[torch.Tensor] = None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+    """Attention of q against a KV cache (contiguous [batch_cache, seqlen_cache, heads_kv, d] or
+    paged [num_pages, page_size, heads_kv, d] with page_table), optionally appending k/v first.
+
+    The append (k, v written into the cache at cache_seqlens, in place) and the rotary embedding of
+    q and k are done with PyTorch operations before fa3's attention kernel (no device sync); they
+    are not fused into it yet. cache_batch_idx maps each batch entry to a cache row. Not
+    differentiable (as FlashAttention-3's).
+    """
+    _check_common(qv, attention_chunk)
+    if cache_leftpad is not None:
+        raise _not_supported("cache_leftpad")
+    if cu_seqlens_k_new is not None:
+        raise _not_supported("cu_seqlens_k_new", "packed new keys are not supported by fa3 yet")
+    if (k is None) != (v is None):
+        raise ValueError("fa3: k, v: give both new keys and new values, or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("fa3: rotary_cos, rotary_sin: give both or neither")
+    if rotary_seqlens is not None:
+        raise _not_supported("rotary_seqlens")
+    varlen_q = cu_seqlens_q is not None
+    batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
+    dev = q.device
+    if cache_seqlens is None:
+        seqused_k = None
+    elif isinstance(cache_seqlens, int):
+        seqused_k = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=dev)
+    else:
+        seqused_k = cache_seqlens.to(torch.int32)
+    if cache_batch_idx is not None:
+        if page_table is not None:
+            raise ValueError("fa3: cache_batch_idx: cannot be combined with page_table")
+        # A contiguous cache indexed by cache_batch_idx is a paged cache whose pages are whole
+        # cache rows: fa3 reads it in place through a one-column page table.
+        page_table = cache_batch_idx.to(torch.int32).reshape(batch, 1)
+    positions_base = seqused_k if seqused_k is not None else torch.zeros(batch, dtype=torch.int32, device=dev)
+
+    if k is not None:
+        if varlen_q:
+            raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q)")
+        s_new = k.shape[1]
+        pos = positions_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]  # [b, s_new]
+        if rotary_cos is not None:
+            k = _rotary(k, rotary_cos[pos], rotary_sin[pos], rotary_interleaved)
+        if page_table is not None:
+            page_size = k_cache.shape[1]
+            pages = torch.gather(page_table.long(), 1, pos // page_size)
+            slots = pos % page_size
+            k_cache[pages, slots] = k.to(k_cache.dtype)
+            v_cache[pages, slots] = v.to(v_cache.dtype)
+        else:
+            rows = torch.arange(batch, device=dev)[:, None].expand_as(pos)
+            k_cache[rows, pos] = k.to(k_cache.dtype)
+            v_cache[rows, pos] = v.to(v_cache.dtype)
+        seqused_k = positions_base + s_new
+    if rotary_cos is not None:
+        if varlen_q:
+            raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q)")
+        # As FlashAttention-3: causal / local queries sit at cache_seqlens + i, the others all at
+        # cache_seqlens.
+        s_q = q.shape[1]
+        local = causal or tuple(window_size) != (-1, -1)
+        offs = torch.arange(s_q, device=dev)[None, :] if local else torch.zeros(1, s_q, dtype=torch.long, device=dev)
+        pos_q = positions_base.long()[:, None] + offs
+        q = _rotary(q, rotary_cos[pos_q], rotary_sin[pos_q], rotary_interleaved)
+
+    wl, wr = _window(window_size)
+    if page_table is None:
+        seqlen_k = k_cache.shape[1]
+    else:
+        seqlen_k = page_table.shape[1] * k_cache.shape[1]
+    with torch.no_grad():
+        out, lse = _ops.fwd(
+            _last_dim_contiguous(q), k_cache, v_cache, cu_seqlens_q=cu_seqlens_q,
+            seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0), max_seqlen_k=int(seqlen_k),
+            page_table=page_table, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+            softmax_scale=_scale(softmax_scale, q), causal=bool(causal), window_left=wl,
+            window_right=wr, softcap=float(softcap), num_splits=int(num_splits))
+    return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out=None,
+                       out_dtype=None):
+    """Merges split results through their LSEs: out_partial [splits, ..., heads, d] float32,
+    lse_partial [splits, ..., heads] (FlashAttention-3's [splits, batch, seqlen, heads]) ->
+    (out [..., heads, d], lse [..., heads]). Splits with lse = -inf contribute nothing; PyTorch
+    operations (a fused combine kernel comes with split-KV)."""
+    if out_partial.dim() != lse_partial.dim() + 1 or out_partial.shape[:-1] != lse_partial.shape:
+        raise ValueError(f"fa3: lse_partial: expected shape {tuple(out_partial.shape[:-1])} "
+                         f"(out_partial's without head_dim), got {tuple(lse_partial.shape)}")
+    lse_partial = lse_partial.float()
+    lse = torch.logsumexp(lse_partial, dim=0)
+    # A row whose splits are all empty has lse = -inf: give it weight 0, not NaN.
+    w = torch.exp(lse_partial - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(0))
+    merged = (w.unsqueeze(-1) * out_partial.float()).sum(0)
+    merged = merged.to(out_dtype or out_partial.dtype)
+    if out is not None:
+        out.copy_(merged)
+        merged = out
+    return merged, lse
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
+                           headdim, cache_seqlens: torch.Tensor, qkv_dtype=torch.bfloat16,
+                           headdim_v=None, cu_seqlens_q=None, cu_seqlens_k_new=None,
+                           cache_leftpad=None, page_size=None, max_seqlen_k_new=0, causal=False,
+                           window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0):
+    """fa3 schedules on the device and needs no precomputed metadata: an empty int32 tensor, which
+    flash_attn_with_kvcache accepts as scheduler_metadata and ignores."""
+    return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)

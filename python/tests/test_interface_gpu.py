@@ -1,0 +1,287 @@
+"""fa3's Python functions on a Hopper GPU against float64 PyTorch math: outputs, LSE and gradients
+(bf16 relative error <= 1e-2), varlen, the KV cache, determinism, opcheck on CUDA tensors,
+torch.compile, CUDA-graph capture, and the operators' argument errors."""
+
+import math
+
+import pytest
+import torch
+
+import fa3
+from fa3 import _ops
+
+if not (torch.cuda.is_available() and fa3.available()
+        and torch.cuda.get_device_capability()[0] == 9):
+    pytest.skip("needs an sm_90 GPU and fa3's operators", allow_module_level=True)
+
+DEV = "cuda"
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    # The floor keeps an exactly-zero reference (dQ with one key) from dividing by ~0.
+    return ((a - b).norm() / b.norm().clamp_min(1e-3 * b.numel() ** 0.5)).item()
+
+
+def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+    """float64 attention, BSHD, bottom-right causal/windows as fa3; rows without keys give 0.
+    Returns (out, lse[b, h, s_q])."""
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(g, dim=2)
+    v = v.repeat_interleave(g, dim=2)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    i = torch.arange(sq, device=q.device)[:, None] + sk - sq
+    j = torch.arange(sk, device=q.device)[None, :]
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left >= 0:
+        visible &= j >= i - left
+    if right >= 0:
+        visible &= j <= i + right
+    s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0)[..., None])
+    p = torch.nan_to_num(p, nan=0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def rand(*shape, dtype):
+    return torch.randn(*shape, device=DEV, dtype=dtype)
+
+
+CASES = [
+    # b, s_q, s_k, h, h_kv, d, d_v, causal, window, softcap
+    (2, 1, 1, 4, 4, 64, 64, False, (-1, -1), 0.0),
+    (2, 17, 17, 8, 2, 64, 64, True, (-1, -1), 0.0),
+    (1, 1000, 1000, 4, 4, 128, 128, True, (-1, -1), 0.0),
+    (2, 300, 1000, 8, 1, 128, 128, False, (-1, -1), 0.0),
+    (1, 1000, 300, 4, 2, 128, 128, True, (-1, -1), 0.0),     # rows that see no key
+    (1, 513, 513, 4, 4, 64, 64, False, (100, 30), 0.0),
+    (1, 257, 257, 4, 4, 128, 128, True, (-1, -1), 30.0),
+    (1, 255, 255, 2, 2, 256, 256, True, (-1, -1), 0.0),
+    (1, 200, 200, 4, 4, 192, 128, False, (-1, -1), 0.0),
+    (1, 4097, 4097, 2, 1, 64, 64, True, (-1, -1), 0.0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_func_forward_and_backward_match_float64(case, dtype):
+    b, sq, sk, h, hkv, d, dv, causal, window, softcap = case
+    torch.manual_seed(sq * 31 + d)
+    q = rand(b, sq, h, d, dtype=dtype).requires_grad_()
+    k = rand(b, sk, hkv, d, dtype=dtype).requires_grad_()
+    v = rand(b, sk, hkv, dv, dtype=dtype).requires_grad_()
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                   return_attn_probs=True)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = ref_attention(q64, k64, v64, causal, window, softcap)
+    assert rel_err(out, ref) <= 1e-2
+    finite = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert rel_err(got, want) <= 1e-2, name
+
+
+def test_varlen_matches_each_sequence():
+    torch.manual_seed(3)
+    lens_q = [0, 1, 17, 1000, 250, 3]
+    lens_k = [5, 1, 40, 1000, 700, 0]
+    h, hkv, d = 8, 2, 128
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEV)
+    q = rand(sum(lens_q), h, d, dtype=torch.bfloat16).requires_grad_()
+    k = rand(sum(lens_k), hkv, d, dtype=torch.bfloat16).requires_grad_()
+    v = rand(sum(lens_k), hkv, d, dtype=torch.bfloat16).requires_grad_()
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                          return_attn_probs=True)
+    assert lse.shape == (h, sum(lens_q))
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    refs, grads = [], []
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    for i in range(len(lens_q)):
+        a, e = cu_q[i].item(), cu_q[i + 1].item()
+        c, f = cu_k[i].item(), cu_k[i + 1].item()
+        if e == a:
+            continue
+        r, _ = ref_attention(q64[None, a:e], k64[None, c:f], v64[None, c:f], causal=True)
+        refs.append((a, e, r[0]))
+    ref = torch.zeros_like(out, dtype=torch.float64)
+    for a, e, r in refs:
+        ref[a:e] = r
+    assert rel_err(out, ref) <= 1e-2
+    ref.backward(dout.double())
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert rel_err(got, want) <= 1e-2, name
+
+
+def test_qkvpacked_gradients():
+    torch.manual_seed(4)
+    qkv = rand(2, 100, 3, 4, 64, dtype=torch.bfloat16).requires_grad_()
+    out = fa3.flash_attn_qkvpacked_func(qkv, causal=True)
+    q64 = qkv.detach().double().requires_grad_()
+    ref, _ = ref_attention(q64[:, :, 0], q64[:, :, 1], q64[:, :, 2], causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    assert rel_err(out, ref) <= 1e-2 and rel_err(qkv.grad, q64.grad) <= 1e-2
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_append_and_rotary(paged):
+    torch.manual_seed(5)
+    b, h, hkv, d, cache_len, page = 3, 8, 2, 128, 512, 64
+    lens = torch.tensor([0, 100, 400], dtype=torch.int32, device=DEV)
+    k_full, v_full = rand(b, cache_len, hkv, d, dtype=torch.bfloat16), rand(b, cache_len, hkv, d, dtype=torch.bfloat16)
+    k_new, v_new, q = rand(b, 1, hkv, d, dtype=torch.bfloat16), rand(b, 1, hkv, d, dtype=torch.bfloat16), rand(b, 1, h, d, dtype=torch.bfloat16)
+    theta = torch.rand(cache_len, d // 4, device=DEV) * 6
+    cos, sin = theta.cos(), theta.sin()
+    if paged:
+        npages = b * cache_len // page
+        page_table = torch.randperm(npages, device=DEV).reshape(b, -1).to(torch.int32)
+        k_cache = torch.empty(npages, page, hkv, d, device=DEV, dtype=torch.bfloat16)
+        v_cache = torch.empty_like(k_cache)
+        k_cache[page_table.long()] = k_full.reshape(b, -1, page, hkv, d)
+        v_cache[page_table.long()] = v_full.reshape(b, -1, page, hkv, d)
+    else:
+        page_table, k_cache, v_cache = None, k_full.clone(), v_full.clone()
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=lens, page_table=page_table, causal=True,
+                                      rotary_interleaved=False)
+    k_ref, v_ref = k_full.clone(), v_full.clone()
+    from fa3.interface import _rotary
+    for i in range(b):
+        n = int(lens[i])
+        k_ref[i, n] = _rotary(k_new[i:i + 1], cos[None, n:n + 1], sin[None, n:n + 1], False)[0, 0]
+        v_ref[i, n] = v_new[i, 0]
+        q_i = _rotary(q[i:i + 1], cos[None, n:n + 1], sin[None, n:n + 1], False)
+        r, _ = ref_attention(q_i, k_ref[i:i + 1, :n + 1], v_ref[i:i + 1, :n + 1], causal=True)
+        assert rel_err(out[i:i + 1], r) <= 1e-2
+    got_k = k_cache[page_table.long()].flatten(1, 2) if paged else k_cache
+    assert torch.equal(got_k, k_ref)
+
+
+def test_fp8_forward_error_is_stated():
+    torch.manual_seed(6)
+    q, k, v = (rand(1, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    one = torch.ones(1, 4, device=DEV)
+    out = fa3.flash_attn_func(q8, k8, v8, q_descale=one, k_descale=one, v_descale=one)
+    ref, _ = ref_attention(q8.float(), k8.float(), v8.float())
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) <= 2e-2  # e4m3 operands; the error vs the quantised inputs' attention
+
+
+def test_deterministic_backward_is_bitwise_reproducible():
+    torch.manual_seed(7)
+    q = rand(2, 1000, 8, 128, dtype=torch.bfloat16).requires_grad_()
+    k = rand(2, 1000, 2, 128, dtype=torch.bfloat16).requires_grad_()
+    v = rand(2, 1000, 2, 128, dtype=torch.bfloat16).requires_grad_()
+    dout = torch.randn(2, 1000, 8, 128, device=DEV, dtype=torch.bfloat16)
+    first = None
+    for _ in range(20):
+        q.grad = k.grad = v.grad = None
+        fa3.flash_attn_func(q, k, v, causal=True, deterministic=True).backward(dout)
+        grads = [t.grad.clone() for t in (q, k, v)]
+        if first is None:
+            first = grads
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(first, grads))
+
+
+def test_opcheck_on_cuda():
+    torch.manual_seed(8)
+    q = rand(2, 70, 4, 64, dtype=torch.bfloat16).requires_grad_()
+    k = rand(2, 90, 2, 64, dtype=torch.bfloat16).requires_grad_()
+    v = rand(2, 90, 2, 64, dtype=torch.bfloat16).requires_grad_()
+    r = torch.library.opcheck(torch.ops.fa3.fwd.default, (q, k, v), dict(causal=True, softmax_scale=0.125))
+    assert all(x == "SUCCESS" for x in r.values()), r
+    out, lse = _ops.fwd(q.detach(), k.detach(), v.detach(), causal=True, softmax_scale=0.125)
+    r = torch.library.opcheck(torch.ops.fa3.bwd.default,
+                              (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse),
+                              dict(causal=True, softmax_scale=0.125))
+    assert all(x == "SUCCESS" for x in r.values()), r
+
+
+def test_compile_fullgraph_matches_eager():
+    torch.manual_seed(9)
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(128, 128, dtype=torch.bfloat16, device=DEV)
+
+        def forward(self, q, k, v):
+            return self.proj(fa3.flash_attn_func(q, k, v, causal=True))
+
+    m = Attn()
+    cm = torch.compile(m, fullgraph=True)
+    q, k, v = (rand(2, 300, 4, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    a = m(q, k, v)
+    ga = torch.autograd.grad(a.sum(), (q, k, v))
+    b = cm(q, k, v)
+    gb = torch.autograd.grad(b.sum(), (q, k, v))
+    assert rel_err(b, a) <= 1e-3
+    assert all(rel_err(x, y) <= 1e-3 for x, y in zip(gb, ga))
+
+
+def test_cuda_graph_capture_of_forward_and_backward():
+    torch.manual_seed(10)
+    q, k, v = (rand(2, 500, 4, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 500, 4, 128, device=DEV, dtype=torch.bfloat16)
+
+    def step():
+        out = fa3.flash_attn_func(q, k, v, causal=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = step()
+    for t in (q, k, v):
+        t.data.copy_(torch.randn_like(t))
+    g.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    assert all(torch.equal(a, b) for a, b in zip(captured[:1], eager[:1]))
+    assert all(rel_err(a, b) <= 1e-3 for a, b in zip(captured, eager))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda x: (x, x.float(), x), "k: expected the dtype of q"),
+    (lambda x: (x, x[0], x), "k: expected 4 dims"),
+    (lambda x: (x, x.cpu(), x), "k: expected a CUDA tensor"),
+    (lambda x: (x.float(), x.float(), x.float()), "q: expected float16, bfloat16"),
+    (lambda x: (x, x[:1], x[:1]), "k: expected batch"),
+    (lambda x: (x, x.transpose(-1, -2), x), "k:"),
+])
+def test_operator_errors_name_the_argument(make, match):
+    x = rand(2, 64, 4, 64, dtype=torch.bfloat16)
+    q, k, v = make(x)
+    with pytest.raises(RuntimeError, match=match):
+        _ops.fwd(q, k, v)
+
+
+def test_backward_rejects_a_wrong_lse():
+    q = rand(2, 64, 4, 64, dtype=torch.bfloat16)
+    out, lse = _ops.fwd(q, q, q)
+    with pytest.raises(RuntimeError, match="softmax_lse"):
+        _ops.bwd(out, q, q, q, out, lse.transpose(1, 2).contiguous())
+    with pytest.raises(RuntimeError, match="dout"):
+        _ops.bwd(out.float(), q, q, q, out, lse)

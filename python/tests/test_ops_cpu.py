@@ -1,0 +1,230 @@
+"""The parts of the fa3 package that need no GPU: loading, schemas, fake kernels, autograd wiring,
+opcheck's schema/fake/aot checks on meta tensors, torch.compile/export tracing, argument errors,
+and the pure-PyTorch pieces (combine, rotary, the KV-cache append) against float64 math."""
+
+import math
+
+import pytest
+import torch
+
+import fa3
+from fa3 import _ops, interface
+
+needs_lib = pytest.mark.skipif(not fa3.available(), reason=f"fa3 operators not built: {_ops.load_error()}")
+
+BF16 = torch.bfloat16
+
+
+def meta(*shape, dtype=BF16, grad=False):
+    return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=grad)
+
+
+@needs_lib
+def test_schemas_name_every_argument():
+    fwd = str(torch.ops.fa3.fwd.default._schema)
+    bwd = str(torch.ops.fa3.bwd.default._schema)
+    for arg in ("cu_seqlens_q", "seqused_k", "page_table", "q_descale", "softmax_scale", "causal",
+                "window_left", "window_right", "softcap", "num_splits", "deterministic"):
+        assert arg in fwd
+    assert "-> (Tensor out, Tensor softmax_lse)" in fwd
+    assert "-> (Tensor dq, Tensor dk, Tensor dv)" in bwd
+    # Functional operators: nothing is mutated or aliased.
+    assert "!" not in fwd and "!" not in bwd
+
+
+@needs_lib
+@pytest.mark.parametrize("dq,dv,hq,hkv", [(64, 64, 8, 8), (128, 128, 8, 2), (192, 128, 4, 1)])
+def test_fake_shapes_dense(dq, dv, hq, hkv):
+    q, k, v = meta(2, 17, hq, dq), meta(2, 33, hkv, dq), meta(2, 33, hkv, dv)
+    out, lse = _ops.fwd(q, k, v, causal=True)
+    assert out.shape == (2, 17, hq, dv) and out.dtype == BF16
+    assert lse.shape == (2, hq, 17) and lse.dtype == torch.float32
+    dq_, dk_, dv_ = _ops.bwd(out, q, k, v, out, lse)
+    assert dq_.shape == q.shape and dk_.shape == k.shape and dv_.shape == v.shape
+
+
+@needs_lib
+def test_fake_shapes_varlen_and_fp8():
+    q, k = meta(100, 8, 64), meta(300, 2, 64)
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    out, lse = _ops.fwd(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=50, max_seqlen_k=120)
+    assert out.shape == (100, 8, 64) and lse.shape == (8, 100)
+    q8, k8 = meta(2, 16, 4, 128, dtype=torch.float8_e4m3fn), meta(2, 16, 4, 128, dtype=torch.float8_e4m3fn)
+    out8, _ = _ops.fwd(q8, k8, k8)
+    assert out8.dtype == BF16
+
+
+@needs_lib
+def test_autograd_reaches_every_input_and_not_lse():
+    q, k, v = meta(2, 17, 8, 64, grad=True), meta(2, 40, 2, 64, grad=True), meta(2, 40, 2, 64, grad=True)
+    out, lse = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+@needs_lib
+def test_qkvpacked_views_share_one_gradient():
+    qkv = meta(2, 9, 3, 4, 64, grad=True)
+    fa3.flash_attn_qkvpacked_func(qkv, causal=True).sum().backward()
+    assert qkv.grad.shape == qkv.shape
+    gqa = meta(2, 9, 8 + 2 * 2, 64, grad=True)
+    out = fa3.flash_attn_qkvpacked_func(gqa, num_heads_q=8)
+    assert out.shape == (2, 9, 8, 64)
+
+
+@needs_lib
+@pytest.mark.parametrize("op,args", [
+    ("fwd", lambda: ((meta(2, 17, 8, 64), meta(2, 33, 2, 64), meta(2, 33, 2, 64)),
+                     dict(causal=True, softmax_scale=0.1, window_left=5))),
+    ("bwd", lambda: ((meta(2, 17, 8, 64), meta(2, 17, 8, 64), meta(2, 33, 2, 64), meta(2, 33, 2, 64),
+                      meta(2, 17, 8, 64), meta(2, 8, 17, dtype=torch.float32)), dict(causal=True))),
+])
+def test_opcheck_on_meta(op, args):
+    a, kw = args()
+    result = torch.library.opcheck(getattr(torch.ops.fa3, op).default, a, kw)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+@needs_lib
+def test_compile_has_no_graph_break_and_export_works():
+    def f(q, k, v):
+        return fa3.flash_attn_func(q, k, v, causal=True, window_size=(16, 0), softcap=30.0)
+
+    q, k = meta(2, 17, 8, 64, grad=True), meta(2, 33, 2, 64)
+    assert torch._dynamo.explain(f)(q, k, k).graph_break_count == 0
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return fa3.flash_attn_func(q, k, v, causal=True)
+
+    ep = torch.export.export(M(), (meta(2, 17, 8, 64), k, k))
+    assert any("fa3.fwd" in str(n.target) for n in ep.graph.nodes)
+
+
+@needs_lib
+def test_cpu_tensors_get_a_clear_error():
+    x = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="expected CUDA tensors"):
+        fa3.flash_attn_func(x, x, x)
+
+
+def test_unsupported_arguments_are_named():
+    x = meta(1, 4, 2, 64)
+    with pytest.raises(NotImplementedError, match="qv"):
+        fa3.flash_attn_func(x, x, x, qv=x)
+    with pytest.raises(NotImplementedError, match="attention_chunk"):
+        fa3.flash_attn_func(x, x, x, attention_chunk=128)
+    with pytest.raises(NotImplementedError, match="cache_leftpad"):
+        fa3.flash_attn_with_kvcache(x, x, x, cache_leftpad=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="num_heads_q"):
+        fa3.flash_attn_qkvpacked_func(meta(1, 4, 6, 64))
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        fa3.flash_attn_varlen_func(x, x, x, None, None, 4, 4)
+
+
+def test_combine_matches_float64():
+    torch.manual_seed(0)
+    splits, b, s, h, d = 5, 3, 7, 4, 16
+    out_p = torch.randn(splits, b, s, h, d)
+    lse_p = torch.randn(splits, b, s, h) * 3
+    lse_p[2:, 0] = -math.inf          # rows where some splits saw no key
+    lse_p[:, 1, 0] = -math.inf        # a row no split saw: output 0, lse -inf
+    out, lse = fa3.flash_attn_combine(out_p, lse_p, out_dtype=torch.float32)
+    l64 = torch.logsumexp(lse_p.double(), 0)
+    w = torch.nan_to_num(torch.exp(lse_p.double() - l64), nan=0.0)
+    ref = (w.unsqueeze(-1) * out_p.double()).sum(0)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(l64))
+    assert torch.all(out[1, 0] == 0)
+    assert torch.allclose(lse[~torch.isinf(lse)].double(), l64[~torch.isinf(l64)], atol=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotary_matches_the_rotation_formula(interleaved):
+    torch.manual_seed(1)
+    s, h, d, r = 6, 2, 16, 8
+    x = torch.randn(1, s, h, d, dtype=torch.float64)
+    theta = torch.rand(s, r // 2, dtype=torch.float64) * 6
+    y = interface._rotary(x, theta.cos()[None], theta.sin()[None], interleaved)
+    ref = x.clone()
+    for i in range(r // 2):
+        a, b_ = (2 * i, 2 * i + 1) if interleaved else (i, i + r // 2)
+        c, sn = theta.cos()[:, i, None], theta.sin()[:, i, None]
+        ref[0, :, :, a] = x[0, :, :, a] * c - x[0, :, :, b_] * sn
+        ref[0, :, :, b_] = x[0, :, :, a] * sn + x[0, :, :, b_] * c
+    assert torch.allclose(y, ref, atol=1e-12)
+
+
+def _attention_f64(q, k, v, seqused_k, causal):
+    """Per-batch float64 attention over the first seqused_k[b] keys (bottom-right causal)."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(seqused_k[b])
+        qb, kb, vb = q[b].double(), k[b, :n].double(), v[b, :n].double()
+        kb = kb.repeat_interleave(qb.shape[1] // kb.shape[1], dim=1)
+        vb = vb.repeat_interleave(qb.shape[1] // vb.shape[1], dim=1)
+        s = torch.einsum("qhd,khd->hqk", qb, kb) / math.sqrt(q.shape[-1])
+        if causal:
+            i = torch.arange(qb.shape[0])[:, None]
+            j = torch.arange(n)[None, :]
+            s = s.masked_fill(j > i + n - qb.shape[0], -math.inf)
+        outs.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), vb))
+    return torch.stack(outs)
+
+
+def _paged_stand_in(q, k, v, page_table=None, seqused_k=None, causal=False, **kw):
+    # What fa3's kernel computes, in float64 on CPU: gathers the pages, then plain attention.
+    if page_table is not None:
+        k = k[page_table.long()].flatten(1, 2)
+        v = v[page_table.long()].flatten(1, 2)
+    out = _attention_f64(q, k, v, seqused_k, causal).to(q.dtype)
+    return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_append_writes_the_cache_and_attends_to_it(monkeypatch, paged):
+    monkeypatch.setattr(_ops, "fwd", _paged_stand_in)
+    torch.manual_seed(2)
+    b, s_new, h, hkv, d, cache_len, page = 3, 2, 4, 2, 16, 12, 4
+    seqlens = torch.tensor([0, 5, 9], dtype=torch.int32)
+    k_full = torch.randn(b, cache_len, hkv, d)
+    v_full = torch.randn(b, cache_len, hkv, d)
+    k_new, v_new = torch.randn(b, s_new, hkv, d), torch.randn(b, s_new, hkv, d)
+    q = torch.randn(b, s_new, h, d)
+    if paged:
+        perm = torch.randperm(b * cache_len // page)
+        page_table = perm.reshape(b, cache_len // page).to(torch.int32)
+        k_cache = torch.empty(b * cache_len // page, page, hkv, d)
+        v_cache = torch.empty_like(k_cache)
+        k_cache[page_table.long()] = k_full.reshape(b, -1, page, hkv, d)
+        v_cache[page_table.long()] = v_full.reshape(b, -1, page, hkv, d)
+    else:
+        page_table = None
+        k_cache, v_cache = k_full.clone(), v_full.clone()
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                      page_table=page_table, causal=True)
+    k_ref, v_ref = k_full.clone(), v_full.clone()
+    for i in range(b):
+        n = int(seqlens[i])
+        k_ref[i, n:n + s_new], v_ref[i, n:n + s_new] = k_new[i], v_new[i]
+    got_k = k_cache[page_table.long()].flatten(1, 2) if paged else k_cache
+    assert torch.equal(got_k, k_ref)
+    ref = _attention_f64(q, k_ref, v_ref, seqlens + s_new, causal=True)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+def test_kvcache_batch_index_becomes_a_page_table(monkeypatch):
+    seen = {}
+
+    def stand_in(q, k, v, page_table=None, seqused_k=None, **kw):
+        seen["page_table"], seen["seqused_k"] = page_table, seqused_k
+        return torch.zeros(*q.shape), torch.zeros(1)
+
+    monkeypatch.setattr(_ops, "fwd", stand_in)
+    q = torch.randn(2, 1, 4, 16)
+    cache = torch.randn(5, 8, 4, 16)
+    fa3.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=3,
+                                cache_batch_idx=torch.tensor([4, 1], dtype=torch.int32))
+    assert seen["page_table"].tolist() == [[4], [1]]
+    assert seen["seqused_k"].tolist() == [3, 3]

@@ -1,0 +1,343 @@
+// fa3's operators for PyTorch: fa3::fwd and fa3::bwd, registered with the dispatcher through
+// PyTorch's stable ABI (torch/csrc/stable), so that one build serves every torch >= 2.10 and every
+// Python version (the library is loaded with torch.ops.load_library and needs no Python headers).
+//
+// The operators are thin: they read shapes, strides and devices from the tensors, allocate the
+// outputs (and the backward's workspace) through PyTorch's caching allocator, which CUDA graphs
+// capture, and call fa3's C++ API on the current stream. fa3 validates every value it is given;
+// this file checks what only the tensors know (rank, dtype, device, the contiguous last dim) and
+// turns a failed fa3 call into a RuntimeError carrying fa3's message. Fake (meta) kernels and
+// autograd live in python/fa3/_ops.py.
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include "fa3/fa3.h"
+
+namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+using OptTensor = std::optional<Tensor>;
+
+// Errors name the operator's argument, as fa3's own messages do.
+#define FA3_TORCH_CHECK(cond, ...) STD_TORCH_CHECK(cond, "fa3: ", __VA_ARGS__)
+
+std::string dtype_str(ScalarType t) { return std::string(torch::headeronly::toString(t)); }
+
+fa3_dtype to_fa3_dtype(const Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case ScalarType::Half: return FA3_DTYPE_FP16;
+    case ScalarType::BFloat16: return FA3_DTYPE_BF16;
+    case ScalarType::Float8_e4m3fn: return FA3_DTYPE_E4M3;
+    default: break;
+  }
+  FA3_TORCH_CHECK(false, name, ": expected float16, bfloat16 or float8_e4m3fn, got ",
+                  dtype_str(t.scalar_type()));
+  return FA3_DTYPE_BF16;
+}
+
+ScalarType out_scalar_type(fa3_dtype dt) {
+  return dt == FA3_DTYPE_FP16 ? ScalarType::Half : ScalarType::BFloat16;
+}
+
+void check_cuda(const Tensor& t, const char* name, int32_t device) {
+  FA3_TORCH_CHECK(t.is_cuda(), name, ": expected a CUDA tensor");
+  FA3_TORCH_CHECK(t.get_device_index() == device, name, ": expected a tensor on cuda:", device,
+                  " (the device of q), got cuda:", t.get_device_index());
+}
+
+// An attention tensor: rank 4 [b, s, h, d] (or [pages, page_size, h, d]) or, packed, rank 3
+// [total, h, d]; fa3 reads it through (batch, row, head) strides with a contiguous last dim.
+fa3_tensor view_of(const Tensor& t, const char* name, bool packed, int32_t device) {
+  check_cuda(t, name, device);
+  const int64_t want = packed ? 3 : 4;
+  FA3_TORCH_CHECK(t.dim() == want, name, ": expected ", want, " dims (",
+                  packed ? "[total, heads, head_dim], packed by cu_seqlens"
+                         : "[batch, seqlen, heads, head_dim]",
+                  "), got ", t.dim());
+  FA3_TORCH_CHECK(t.size(want - 1) <= 1 || t.stride(want - 1) == 1, name,
+                  ": the last (head_dim) dimension must be contiguous (stride 1), got stride ",
+                  t.stride(want - 1));
+  fa3_tensor v{};
+  v.data = t.mutable_data_ptr();
+  v.batch_stride = packed ? 0 : t.stride(0);
+  v.row_stride = t.stride(want - 3);
+  v.head_stride = t.stride(want - 2);
+  return v;
+}
+
+const int32_t* int32_vector(const OptTensor& t, const char* name, int64_t length, int32_t device) {
+  if (!t.has_value()) return nullptr;
+  check_cuda(*t, name, device);
+  FA3_TORCH_CHECK(t->scalar_type() == ScalarType::Int, name, ": expected int32, got ",
+                  dtype_str(t->scalar_type()));
+  FA3_TORCH_CHECK(t->dim() == 1 && t->size(0) == length, name, ": expected shape [", length,
+                  "], got ", t->dim() == 1 ? std::to_string(t->size(0)) : "rank " + std::to_string(t->dim()));
+  FA3_TORCH_CHECK(t->stride(0) == 1 || length <= 1, name, ": expected a contiguous tensor");
+  return static_cast<const int32_t*>(t->const_data_ptr());
+}
+
+void* current_stream(int32_t device) {
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  return stream;
+}
+
+// fa3 launches on the current device: make it q's, but only pay for a guard when it is not.
+std::optional<torch::stable::accelerator::DeviceGuard> device_guard(int32_t device) {
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (torch::stable::accelerator::getCurrentDeviceIndex() != device) guard.emplace(device);
+  return guard;
+}
+
+void throw_if_failed(const fa3::Status& st, const char* op) {
+  FA3_TORCH_CHECK(st.ok(), op, ": ", st.message());
+}
+
+// The forward's arguments, shared by fwd and bwd (the backward repeats the forward's problem).
+struct Problem {
+  fa3::FwdArgs args;
+  int32_t device = 0;
+  bool varlen_q = false;
+};
+
+Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
+                     const OptTensor& cu_seqlens_k, const OptTensor& seqused_q,
+                     const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                     const OptTensor& page_table, double softmax_scale, bool causal,
+                     int64_t window_left, int64_t window_right, double softcap) {
+  Problem p;
+  fa3::FwdArgs& a = p.args;
+  FA3_TORCH_CHECK(q.is_cuda(), "q: expected a CUDA tensor");
+  p.device = q.get_device_index();
+  p.varlen_q = cu_seqlens_q.has_value();
+  const bool varlen_k = cu_seqlens_k.has_value();
+  const bool paged = page_table.has_value();
+  FA3_TORCH_CHECK(!(paged && varlen_k), "page_table: cannot be combined with cu_seqlens_k (a paged "
+                  "cache gives each sequence's keys by seqused_k)");
+
+  a.dtype = to_fa3_dtype(q, "q");
+  FA3_TORCH_CHECK(k.scalar_type() == q.scalar_type(), "k: expected the dtype of q (",
+                  dtype_str(q.scalar_type()), "), got ", dtype_str(k.scalar_type()));
+  FA3_TORCH_CHECK(v.scalar_type() == q.scalar_type(), "v: expected the dtype of q (",
+                  dtype_str(q.scalar_type()), "), got ", dtype_str(v.scalar_type()));
+  a.out_dtype = a.dtype == FA3_DTYPE_E4M3 ? FA3_DTYPE_BF16 : a.dtype;
+
+  a.q = view_of(q, "q", p.varlen_q, p.device);
+  a.k = view_of(k, "k", varlen_k, p.device);
+  a.v = view_of(v, "v", varlen_k, p.device);
+  const int64_t qd = q.dim(), kd = k.dim();
+  FA3_TORCH_CHECK(v.size(kd - 2) == k.size(kd - 2) && v.size(kd - 3) == k.size(kd - 3) &&
+                      (varlen_k || v.size(0) == k.size(0)),
+                  "v: expected the leading shape of k");
+  FA3_TORCH_CHECK(k.size(kd - 1) == q.size(qd - 1), "k: expected head_dim ", q.size(qd - 1),
+                  " (that of q), got ", k.size(kd - 1));
+
+  const int64_t batch = p.varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
+  FA3_TORCH_CHECK(!p.varlen_q || cu_seqlens_q->dim() == 1, "cu_seqlens_q: expected a 1-D tensor");
+  a.batch = static_cast<int32_t>(batch);
+  a.heads_q = static_cast<int32_t>(q.size(qd - 2));
+  a.heads_kv = static_cast<int32_t>(k.size(kd - 2));
+  a.head_dim_qk = static_cast<int32_t>(q.size(qd - 1));
+  a.head_dim_v = static_cast<int32_t>(v.size(kd - 1));
+  if (p.varlen_q) {
+    a.seqlen_q = static_cast<int32_t>(max_seqlen_q);
+    a.total_q = static_cast<int32_t>(q.size(0));
+  } else {
+    a.seqlen_q = static_cast<int32_t>(q.size(1));
+  }
+  if (varlen_k) {
+    a.seqlen_k = static_cast<int32_t>(max_seqlen_k);
+    a.total_k = static_cast<int32_t>(k.size(0));
+  } else if (paged) {
+    check_cuda(*page_table, "page_table", p.device);
+    FA3_TORCH_CHECK(page_table->scalar_type() == ScalarType::Int && page_table->dim() == 2 &&
+                        page_table->size(0) == batch,
+                    "page_table: expected int32 [batch, max_pages_per_sequence] with batch ", batch);
+    FA3_TORCH_CHECK(page_table->size(1) <= 1 || page_table->stride(1) == 1,
+                    "page_table: its last dimension must be contiguous");
+    a.page_table = static_cast<const int32_t*>(page_table->const_data_ptr());
+    a.page_table_batch_stride = page_table->stride(0);
+    a.page_size = static_cast<int32_t>(k.size(1));
+    a.num_pages = static_cast<int32_t>(k.size(0));
+    const int64_t capacity = page_table->size(1) * k.size(1);
+    a.seqlen_k = static_cast<int32_t>(max_seqlen_k > 0 ? max_seqlen_k : capacity);
+  } else {
+    FA3_TORCH_CHECK(k.size(0) == batch, "k: expected batch ", batch, " (that of q), got ", k.size(0));
+    a.seqlen_k = static_cast<int32_t>(k.size(1));
+  }
+  a.cu_seqlens_q = int32_vector(cu_seqlens_q, "cu_seqlens_q", batch + 1, p.device);
+  a.cu_seqlens_k = int32_vector(cu_seqlens_k, "cu_seqlens_k", batch + 1, p.device);
+  a.seqused_q = int32_vector(seqused_q, "seqused_q", batch, p.device);
+  a.seqused_k = int32_vector(seqused_k, "seqused_k", batch, p.device);
+
+  a.softmax_scale = static_cast<float>(softmax_scale);
+  a.causal = causal ? 1 : 0;
+  a.window_left = static_cast<int32_t>(window_left);
+  a.window_right = static_cast<int32_t>(window_right);
+  a.softcap = static_cast<float>(softcap);
+  return p;
+}
+
+std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlens_q,
+                               OptTensor cu_seqlens_k, OptTensor seqused_q, OptTensor seqused_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, OptTensor page_table,
+                               OptTensor q_descale, OptTensor k_descale, OptTensor v_descale,
+                               double softmax_scale, bool causal, int64_t window_left,
+                               int64_t window_right, double softcap, int64_t num_splits,
+                               bool /*deterministic: read by the autograd formula's backward*/) {
+  Problem p = make_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                           max_seqlen_k, page_table, softmax_scale, causal, window_left,
+                           window_right, softcap);
+  fa3::FwdArgs& a = p.args;
+  const auto guard = device_guard(p.device);
+
+  // Descales: float32 [batch, heads_kv], one pair of strides for all three (fa3's ABI).
+  const OptTensor* descales[3] = {&q_descale, &k_descale, &v_descale};
+  const char* names[3] = {"q_descale", "k_descale", "v_descale"};
+  const float* ptrs[3] = {nullptr, nullptr, nullptr};
+  const Tensor* first = nullptr;
+  for (int i = 0; i < 3; ++i) {
+    if (!descales[i]->has_value()) continue;
+    const Tensor& d = descales[i]->value();
+    check_cuda(d, names[i], p.device);
+    FA3_TORCH_CHECK(d.scalar_type() == ScalarType::Float && d.dim() == 2 && d.size(0) == a.batch &&
+                        d.size(1) == a.heads_kv,
+                    names[i], ": expected float32 [batch, heads_kv] = [", a.batch, ", ", a.heads_kv, "]");
+    if (!first) {
+      first = &d;
+      a.descale_batch_stride = d.stride(0);
+      a.descale_head_stride = d.stride(1);
+    } else {
+      FA3_TORCH_CHECK(d.stride(0) == first->stride(0) && d.stride(1) == first->stride(1), names[i],
+                      ": expected the strides of the other descale tensors");
+    }
+    ptrs[i] = static_cast<const float*>(d.const_data_ptr());
+  }
+  a.q_descale = ptrs[0];
+  a.k_descale = ptrs[1];
+  a.v_descale = ptrs[2];
+  a.num_splits = static_cast<int32_t>(num_splits);
+
+  // Outputs: O with q's leading shape and head_dim_v (contiguous), LSE [b, h, s] or [h, total_q].
+  const auto device = q.device();
+  const int64_t qd = q.dim();
+  Tensor out = p.varlen_q
+      ? torch::stable::empty({q.size(0), q.size(1), a.head_dim_v}, out_scalar_type(a.dtype),
+                             std::nullopt, device)
+      : torch::stable::empty({q.size(0), q.size(1), q.size(2), a.head_dim_v},
+                             out_scalar_type(a.dtype), std::nullopt, device);
+  Tensor lse = p.varlen_q
+      ? torch::stable::empty({q.size(qd - 2), q.size(0)}, ScalarType::Float, std::nullopt, device)
+      : torch::stable::empty({q.size(0), q.size(2), q.size(1)}, ScalarType::Float, std::nullopt,
+                             device);
+  a.out = view_of(out, "out", p.varlen_q, p.device);
+  a.lse = static_cast<float*>(lse.mutable_data_ptr());
+
+  size_t bytes = 0;
+  throw_if_failed(fa3::workspace_size(a, &bytes), "fwd");
+  std::optional<Tensor> workspace;
+  if (bytes > 0) {
+    workspace = torch::stable::empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, std::nullopt,
+                                     device);
+    a.workspace = workspace->mutable_data_ptr();
+    a.workspace_bytes = bytes;
+  }
+  throw_if_failed(fa3::forward(a, static_cast<CUstream_st*>(current_stream(p.device))), "fwd");
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                       Tensor softmax_lse, OptTensor cu_seqlens_q,
+                                       OptTensor cu_seqlens_k, OptTensor seqused_q,
+                                       OptTensor seqused_k, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       bool deterministic) {
+  Problem p = make_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                           max_seqlen_k, std::nullopt, softmax_scale, causal, window_left,
+                           window_right, softcap);
+  const auto guard = device_guard(p.device);
+  fa3::BwdArgs b;
+  b.fwd = p.args;
+  const fa3::FwdArgs& a = p.args;
+  FA3_TORCH_CHECK(a.dtype != FA3_DTYPE_E4M3, "q: the backward takes float16 or bfloat16, got float8_e4m3fn");
+  FA3_TORCH_CHECK(out.scalar_type() == q.scalar_type(), "out: expected the dtype of q");
+  FA3_TORCH_CHECK(dout.scalar_type() == q.scalar_type(), "dout: expected the dtype of q (",
+                  dtype_str(q.scalar_type()), "), got ", dtype_str(dout.scalar_type()));
+  const int64_t qd = q.dim();
+  for (const Tensor* t : {&out, &dout}) {
+    const char* name = t == &out ? "out" : "dout";
+    FA3_TORCH_CHECK(t->dim() == qd, name, ": expected ", qd, " dims like q");
+    for (int64_t i = 0; i + 1 < qd; ++i)
+      FA3_TORCH_CHECK(t->size(i) == q.size(i), name, ": expected the leading shape of q");
+    FA3_TORCH_CHECK(t->size(qd - 1) == a.head_dim_v, name, ": expected head_dim_v ", a.head_dim_v);
+  }
+  b.fwd.out = view_of(out, "out", p.varlen_q, p.device);
+  b.dout = view_of(dout, "dout", p.varlen_q, p.device);
+
+  check_cuda(softmax_lse, "softmax_lse", p.device);
+  const bool lse_ok = softmax_lse.scalar_type() == ScalarType::Float && softmax_lse.is_contiguous() &&
+      (p.varlen_q ? softmax_lse.dim() == 2 && softmax_lse.size(0) == a.heads_q &&
+                        softmax_lse.size(1) == q.size(0)
+                  : softmax_lse.dim() == 3 && softmax_lse.size(0) == a.batch &&
+                        softmax_lse.size(1) == a.heads_q && softmax_lse.size(2) == a.seqlen_q);
+  FA3_TORCH_CHECK(lse_ok, "softmax_lse: expected contiguous float32 ",
+                  p.varlen_q ? "[heads_q, total_q]" : "[batch, heads_q, seqlen_q]",
+                  " as the forward returns it");
+  b.fwd.lse = static_cast<float*>(softmax_lse.mutable_data_ptr());
+
+  Tensor dq = torch::stable::empty_like(q);
+  Tensor dk = torch::stable::empty_like(k);
+  Tensor dv = torch::stable::empty_like(v);
+  const bool varlen_k = cu_seqlens_k.has_value();
+  // empty_like keeps q/k/v's strides only when they are dense; fa3 takes any strides, so read them.
+  b.dq = view_of(dq, "dq", p.varlen_q, p.device);
+  b.dk = view_of(dk, "dk", varlen_k, p.device);
+  b.dv = view_of(dv, "dv", varlen_k, p.device);
+  b.deterministic = deterministic ? 1 : 0;
+
+  size_t bytes = 0;
+  throw_if_failed(fa3::workspace_size(b, &bytes), "bwd");
+  std::optional<Tensor> workspace;
+  if (bytes > 0) {
+    workspace = torch::stable::empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, std::nullopt,
+                                     q.device());
+    b.workspace = workspace->mutable_data_ptr();
+    b.workspace_bytes = bytes;
+  }
+  throw_if_failed(fa3::backward(b, static_cast<CUstream_st*>(current_stream(p.device))), "bwd");
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(fa3, m) {
+  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, "
+        "Tensor? page_table=None, Tensor? q_descale=None, Tensor? k_descale=None, "
+        "Tensor? v_descale=None, float softmax_scale=0.0, bool causal=False, int window_left=-1, "
+        "int window_right=-1, float softcap=0.0, int num_splits=1, bool deterministic=False) "
+        "-> (Tensor out, Tensor softmax_lse)");
+  m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, "
+        "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
+        "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+        "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(fa3, CUDA, m) {
+  m.impl("fwd", TORCH_BOX(&fwd));
+  m.impl("bwd", TORCH_BOX(&bwd));
+}
