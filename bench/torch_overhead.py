@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Host cost of one fa3 call from PyTorch, against the C call itself, on a tiny problem.
 
-A tiny forward (b 1, s 128, h 1, d 64) takes a few microseconds on the GPU, so a loop of N
-launches without synchronisation is bound by the host: wall time / N is the host cost per call.
+A tiny forward (b 1, s 128, h 1, d 64); bursts of calls are timed on the host without waiting for
+the GPU (per_call_us), so each row is the host's cost of one call.
 Rows: the C ABI through ctypes with prepared parameters (fa3_forward alone: the C++ call's cost,
 plus ctypes' ~1 us), torch.ops.fa3.fwd (dispatcher + allocation of O and LSE),
 fa3.flash_attn_func without and with autograd. Prints a table; --json writes it.
 
-    python3 bench/torch_overhead.py [--lib build/release/libfa3.so] [--calls 20000] [--json FILE]
+    python3 bench/torch_overhead.py [--lib build/release/libfa3.so] [--calls 200] [--json FILE]
 """
 import argparse
 import json
@@ -22,43 +22,54 @@ import fa3  # noqa: E402
 import fa3_ctypes  # noqa: E402
 
 
-def per_call_us(fn, calls):
-    for _ in range(200):
-        fn()
+def burst_us(fn, calls):
+    """Host time per call of one burst of `calls` launches, timed without waiting for the GPU (the
+    launch queue holds them); the GPU is drained first. A loop that synchronised only at its end
+    would read the GPU's time instead wherever a call costs the host less than its kernel takes."""
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):  # the best of five: the host's quietest stretch
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def best_us(fns, calls, rounds=100):
+    """The best burst of each function over `rounds` rounds that take every function in turn, so
+    a noisy stretch of the host's time hits all of them alike rather than one row."""
+    for fn in fns.values():
+        for _ in range(200):
             fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], burst_us(fn, calls))
+    torch.cuda.synchronize()
     return best
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", default=None, help="libfa3.so for the C-call row (default: $FA3_LIB)")
-    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--calls", type=int, default=200, help="calls per burst (within the launch queue)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
-    rows = {}
     lib = fa3_ctypes.load(args.lib)
     out = torch.empty_like(q)
     lse = torch.empty(1, 1, 128, device="cuda", dtype=torch.float32)
     params = fa3_ctypes.fwd_params(lib, q, k, v, out, lse, causal=True)
     stream = torch.cuda.current_stream().cuda_stream
-    rows["C ABI fa3_forward (ctypes)"] = per_call_us(lambda: fa3_ctypes.run_forward(lib, params, stream), args.calls)
-    rows["torch.ops.fa3.fwd"] = per_call_us(
-        lambda: torch.ops.fa3.fwd.default(q, k, v, None, None, None, None, 0, 0, None, None, None, None,
-                                          0.125, True, -1, -1, 0.0, 1, False), args.calls)
-    rows["fa3.flash_attn_func"] = per_call_us(lambda: fa3.flash_attn_func(q, k, v, causal=True), args.calls)
     qg = q.clone().requires_grad_()
-    rows["fa3.flash_attn_func (requires_grad)"] = per_call_us(
-        lambda: fa3.flash_attn_func(qg, k, v, causal=True), args.calls)
+    rows = best_us({
+        "C ABI fa3_forward (ctypes)": lambda: fa3_ctypes.run_forward(lib, params, stream),
+        "torch.ops.fa3.fwd": lambda: torch.ops.fa3.fwd.default(
+            q, k, v, None, None, None, None, 0, 0, None, None, None, None, 0.125, True, -1, -1, 0.0, 1,
+            False),
+        "fa3.flash_attn_func": lambda: fa3.flash_attn_func(q, k, v, causal=True),
+        "fa3.flash_attn_func (requires_grad)": lambda: fa3.flash_attn_func(qg, k, v, causal=True),
+    }, args.calls)
     base = rows["C ABI fa3_forward (ctypes)"]
     print(f"{'call':40s} {'us/call':>8s} {'over C':>8s}")
     for name, us in rows.items():

@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -154,6 +155,23 @@ TEST(FwdGpu, EveryHeadDimBothDtypesCausalAndNot) {
           c.heads_q = c.heads_kv = 2;
           run_fwd_case(c);
         }
+}
+
+// Any host thread may call fa3: a fresh std::thread has no current CUDA context until it makes a
+// runtime call, and the Hopper path's first driver call (encoding the TMA maps) needs one.
+TEST(FwdGpu, FreshHostThread) {
+  FA3_REQUIRE_GPU();
+  FwdCase c;
+  c.causal = true;
+  c.seqlen_q = c.seqlen_k = 300;
+  FwdData d = make_fwd_data(c, /*reference_inputs=*/true);
+  Status st;
+  std::thread([&] {
+    st = fa3::forward(d.args);
+    if (st.ok() && cudaDeviceSynchronize() != cudaSuccess) st = Status(FA3_ERROR_CUDA, "sync failed");
+  }).join();
+  ASSERT_TRUE(st.ok()) << st.message();
+  expect_close(compare(download_outputs(d), ref::forward(d.prob, d.in), c.with_lse), c.name());
 }
 
 TEST(FwdGpu, LongSequencesAgainstCpu) {

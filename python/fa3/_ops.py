@@ -88,6 +88,8 @@ def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k
     # the dispatcher's round trip through the Python autograd kernel costs ~10 us per call.
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _FwdFunction.apply(None, *args)
+    if q.is_cuda:  # straight to the CUDA kernel (cheaper than entering a below-autograd guard)
+        return _FWD_CUDA(_CUDA_KEYS, *args)
     with torch._C._AutoDispatchBelowAutograd():
         return _FWD_OP(*args)
 
@@ -208,6 +210,8 @@ if _LIB_PATH is not None:
     # Without a CPU kernel a CPU call would fail with the dispatcher's generic "could not run"
     # message; this one says what is expected.
     _FWD_OP = torch.ops.fa3.fwd.default._op  # the bound C++ operator: one Python frame less per call
+    _FWD_CUDA = torch.ops.fa3.fwd.default._handle.redispatch_boxed
+    _CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     _LIB = torch.library.Library("fa3", "IMPL")  # noqa: TOR901 (kept alive: it owns the kernels)
     torch.library.register_kernel("fa3::fwd", "cpu")(_cpu_kernel("fwd"))
     torch.library.register_kernel("fa3::bwd", "cpu")(_cpu_kernel("bwd"))

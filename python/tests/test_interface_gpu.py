@@ -285,3 +285,23 @@ def test_backward_rejects_a_wrong_lse():
         _ops.bwd(out, q, q, q, out, lse.transpose(1, 2).contiguous())
     with pytest.raises(RuntimeError, match="dout"):
         _ops.bwd(out.float(), q, q, q, out, lse)
+
+
+def test_any_host_thread_may_call():
+    import threading
+    q = rand(2, 200, 4, 64, dtype=torch.bfloat16)
+    result = {}
+
+    def work():
+        try:
+            result["out"] = fa3.flash_attn_func(q, q, q, causal=True)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            result["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in result, result.get("error")
+    ref, _ = ref_attention(q, q, q, causal=True)
+    assert rel_err(result["out"], ref) <= 1e-2

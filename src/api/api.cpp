@@ -16,6 +16,15 @@ namespace {
 Status check_device() {
   int dev = 0;
   FA3_CUDA_TRY(cudaGetDevice(&dev));
+  // A host thread that has made no CUDA runtime call has no current context, and the driver's
+  // cuTensorMapEncodeTiled then fails (CUDA_ERROR_INVALID_CONTEXT); cudaSetDevice makes the
+  // device's primary context current on this thread. Once per thread and device: the context stays
+  // current until the thread picks another device, which makes that one's current instead.
+  thread_local int context_made_current_for = -1;
+  if (context_made_current_for != dev) {
+    FA3_CUDA_TRY(cudaSetDevice(dev));
+    context_made_current_for = dev;
+  }
   int major = 0, minor = 0;
   FA3_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   FA3_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
