@@ -150,9 +150,8 @@ def _fwd_backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_q, cu_k, su_q, su_k = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, softcap = ctx.scalars
     # fa3 reads dO through strides but needs a contiguous head dim; a broadcast gradient (from
-    # out.sum().backward()) has stride 0 there.
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
+    # out.sum().backward()) has stride 0 there, and q/k/v may be views the forward copied.
+    dout, q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (dout, q, k, v))
     return bwd(dout, q, k, v, out, lse, cu_q, cu_k, su_q, su_k, max_q, max_k, scale, causal, wl, wr,
                softcap, ctx.deterministic)
 

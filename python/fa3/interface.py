@@ -12,7 +12,6 @@ that fa3 does not need are accepted and have no effect: ``pack_gqa``, ``sm_margi
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple, Union
 
 import torch
@@ -40,13 +39,6 @@ def _check_common(qv, attention_chunk) -> None:
         raise _not_supported("attention_chunk", "chunked attention is not supported by fa3 yet")
 
 
-def _last_dim_contiguous(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    # fa3 takes any batch/row/head strides but reads the head dim as contiguous.
-    if x is not None and x.stride(-1) != 1:
-        return x.contiguous()
-    return x
-
-
 def _window(window_size) -> Tuple[int, int]:
     if window_size is None:
         return -1, -1
@@ -54,8 +46,15 @@ def _window(window_size) -> Tuple[int, int]:
     return int(left), int(right)
 
 
-def _scale(softmax_scale: Optional[float], q: torch.Tensor) -> float:
-    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+def _scale(softmax_scale: Optional[float]) -> float:
+    # 0.0 asks fa3 for its default, 1/sqrt(head_dim_qk), as FlashAttention's None does; so an
+    # explicit 0 (uniform attention) cannot be passed on.
+    if softmax_scale is None:
+        return 0.0
+    if softmax_scale == 0:
+        raise ValueError("fa3: softmax_scale: 0 is not supported (fa3 reads 0 as the default "
+                         "1/sqrt(head_dim)); pass None for the default")
+    return float(softmax_scale)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
@@ -71,10 +70,11 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     _check_common(qv, attention_chunk)
     wl, wr = _window(window_size)
     # Positional: the call every training step makes, kept lean (keywords cost ~1 us here).
+    # (The operator copies a q/k/v whose head dim is not contiguous; scale 0 is fa3's default.)
     out, lse = _ops.fwd(
-        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v), None, None,
-        None, None, 0, 0, None, q_descale, k_descale, v_descale, _scale(softmax_scale, q),
-        bool(causal), wl, wr, float(softcap), int(num_splits), bool(deterministic))
+        q, k, v, None, None, None, None, 0, 0, None, q_descale, k_descale, v_descale,
+        _scale(softmax_scale), bool(causal), wl, wr, float(softcap), int(num_splits),
+        bool(deterministic))
     return (out, lse) if return_attn_probs else out
 
 
@@ -96,11 +96,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          "function (use flash_attn_func for fixed-length batches)")
     wl, wr = _window(window_size)
     out, lse = _ops.fwd(
-        _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v),
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
+        q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
         seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0),
         max_seqlen_k=int(max_seqlen_k or 0), q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, softmax_scale=_scale(softmax_scale, q), causal=bool(causal),
+        v_descale=v_descale, softmax_scale=_scale(softmax_scale), causal=bool(causal),
         window_left=wl, window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
         deterministic=bool(deterministic))
     return (out, lse) if return_attn_probs else out
@@ -233,10 +232,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqlen_k = page_table.shape[1] * k_cache.shape[1]
     with torch.no_grad():
         out, lse = _ops.fwd(
-            _last_dim_contiguous(q), k_cache, v_cache, cu_seqlens_q=cu_seqlens_q,
+            q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q,
             seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0), max_seqlen_k=int(seqlen_k),
             page_table=page_table, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-            softmax_scale=_scale(softmax_scale, q), causal=bool(causal), window_left=wl,
+            softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl,
             window_right=wr, softcap=float(softcap), num_splits=int(num_splits))
     return (out, lse) if return_softmax_lse else out
 

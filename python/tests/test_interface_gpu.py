@@ -269,7 +269,7 @@ def test_cuda_graph_capture_of_forward_and_backward():
     (lambda x: (x, x.cpu(), x), "k: expected a CUDA tensor"),
     (lambda x: (x.float(), x.float(), x.float()), "q: expected float16, bfloat16"),
     (lambda x: (x, x[:1], x[:1]), "k: expected batch"),
-    (lambda x: (x, x.transpose(-1, -2), x), "k:"),
+    (lambda x: (x, x[..., :32], x[..., :32]), "k: expected head_dim 64"),
 ])
 def test_operator_errors_name_the_argument(make, match):
     x = rand(2, 64, 4, 64, dtype=torch.bfloat16)
@@ -322,3 +322,22 @@ def test_compile_varlen_with_gradients():
     gb = torch.autograd.grad(b.float().square().sum(), (q, k, v))
     assert rel_err(b, a) <= 1e-3
     assert all(rel_err(x, y) <= 1e-3 for x, y in zip(gb, ga))
+
+
+def test_head_dim_strided_inputs_are_copied_not_refused():
+    torch.manual_seed(12)
+    # [b, s, d, h] memory viewed as [b, s, h, d]: the head dim has stride h.
+    q, k, v = (torch.randn(2, 70, 64, 4, device=DEV, dtype=torch.bfloat16).transpose(-1, -2).requires_grad_()
+               for _ in range(3))
+    assert q.stride(-1) != 1
+    out = fa3.flash_attn_func(q, k, v, causal=True)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = ref_attention(q64, k64, v64, causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    assert rel_err(out, ref) <= 1e-2
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert rel_err(got, want) <= 1e-2
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fa3.flash_attn_func(q, k, v, softmax_scale=0.0)

@@ -206,6 +206,15 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Op
   return p;
 }
 
+// fa3 reads the head dim as contiguous; other strides are free. A tensor whose head dim is not
+// (a transposed view, a broadcast) is copied once here, on the current stream, rather than refused:
+// FlashAttention's functions accept such inputs too. It lives until the call has been enqueued.
+Tensor with_unit_head_stride(const Tensor& t) {
+  const int64_t last = t.dim() - 1;
+  if (last < 0 || t.size(last) <= 1 || t.stride(last) == 1) return t;
+  return torch::stable::contiguous(t);
+}
+
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlens_q,
                                OptTensor cu_seqlens_k, OptTensor seqused_q, OptTensor seqused_k,
                                int64_t max_seqlen_q, int64_t max_seqlen_k, OptTensor page_table,
@@ -213,6 +222,9 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                                double softmax_scale, bool causal, int64_t window_left,
                                int64_t window_right, double softcap, int64_t num_splits,
                                bool /*deterministic: read by the autograd formula's backward*/) {
+  q = with_unit_head_stride(q);
+  k = with_unit_head_stride(k);
+  v = with_unit_head_stride(v);
   Problem p = make_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                            max_seqlen_k, page_table, softmax_scale, causal, window_left,
                            window_right, softcap);
