@@ -174,6 +174,20 @@ TEST(FwdGpu, FreshHostThread) {
   expect_close(compare(download_outputs(d), ref::forward(d.prob, d.in), c.with_lse), c.name());
 }
 
+// The public API refuses a host pointer passed as a tensor (it would fault inside the kernel);
+// only fa3's bindings, whose tensors are device memory by construction, skip that check.
+TEST(FwdGpu, HostPointerIsRefusedByName) {
+  FA3_REQUIRE_GPU();
+  FwdCase c;
+  FwdData d = make_fwd_data(c, /*reference_inputs=*/false);
+  std::vector<char> host(1 << 20);
+  fa3::FwdArgs a = d.args;
+  a.k.data = host.data();
+  const Status st = fa3::forward(a);
+  EXPECT_EQ(st.code(), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("k.data must point to device memory"), std::string::npos) << st.message();
+}
+
 TEST(FwdGpu, LongSequencesAgainstCpu) {
   FA3_REQUIRE_GPU();
   for (int dim : {64, 96, 128, 256})

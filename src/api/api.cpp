@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "src/api/bindings.h"
 #include "src/api/dispatch.h"
 #include "src/api/problem.h"
 #include "src/api/status.h"
@@ -16,21 +17,20 @@ namespace {
 Status check_device() {
   int dev = 0;
   FA3_CUDA_TRY(cudaGetDevice(&dev));
-  // A host thread that has made no CUDA runtime call has no current context, and the driver's
-  // cuTensorMapEncodeTiled then fails (CUDA_ERROR_INVALID_CONTEXT); cudaSetDevice makes the
-  // device's primary context current on this thread. Once per thread and device: the context stays
-  // current until the thread picks another device, which makes that one's current instead.
-  thread_local int context_made_current_for = -1;
-  if (context_made_current_for != dev) {
-    FA3_CUDA_TRY(cudaSetDevice(dev));
-    context_made_current_for = dev;
-  }
+  // Once per thread and device (a device's compute capability never changes): the Hopper check,
+  // and cudaSetDevice, because a host thread that has made no CUDA runtime call has no current
+  // context and the driver's cuTensorMapEncodeTiled then fails (CUDA_ERROR_INVALID_CONTEXT). The
+  // context stays current until the thread picks another device, which makes that one's current.
+  thread_local int checked_device = -1;
+  if (checked_device == dev) return ok();
   int major = 0, minor = 0;
   FA3_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   FA3_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   if (major != 9 || minor != 0)
     return not_supported("fa3 runs on Hopper GPUs (compute capability 9.0); the current device " + std::to_string(dev) +
                          " is " + std::to_string(major) + "." + std::to_string(minor));
+  FA3_CUDA_TRY(cudaSetDevice(dev));
+  checked_device = dev;
   return ok();
 }
 
@@ -55,10 +55,11 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
   return ok();
 }
 
-Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream) {
+// check_pointers = false: the caller vouches that every pointer is device memory (bindings.h).
+Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_pointers = true) {
   FA3_TRY(validate_fwd(p));
   FA3_TRY(check_device());
-  FA3_TRY(check_fwd_pointers(*p));
+  if (check_pointers) FA3_TRY(check_fwd_pointers(*p));
   const FwdProblem f = make_problem(*p);
   if (hopper_fwd_unsupported_reason(f) == nullptr) return hopper_fwd(f, stream);
   return oracle_fwd(f, stream);
@@ -84,14 +85,16 @@ size_t bwd_workspace_bytes(const FwdProblem& f) {
   return bwd_on_hopper(f) ? hopper_bwd_workspace_bytes(f) : oracle_bwd_workspace_bytes(f);
 }
 
-Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream) {
+Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream, bool check_pointers = true) {
   FA3_TRY(validate_bwd(p));
   FA3_TRY(check_device());
-  FA3_TRY(check_fwd_pointers(p->fwd));
-  const std::pair<const void*, const char*> ptrs[] = {{p->dout.data, "dout.data"}, {p->dq.data, "dq.data"},
-                                                      {p->dk.data, "dk.data"},     {p->dv.data, "dv.data"},
-                                                      {p->workspace, "workspace"}};
-  for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
+  if (check_pointers) {
+    FA3_TRY(check_fwd_pointers(p->fwd));
+    const std::pair<const void*, const char*> ptrs[] = {{p->dout.data, "dout.data"}, {p->dq.data, "dq.data"},
+                                                        {p->dk.data, "dk.data"},     {p->dv.data, "dv.data"},
+                                                        {p->workspace, "workspace"}};
+    for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
+  }
   const FwdProblem f = make_problem(p->fwd);
   const size_t need = bwd_workspace_bytes(f);
   if (p->workspace_bytes < need)
@@ -120,6 +123,14 @@ fa3_status remember(const Status& st) {
 }
 
 }  // namespace
+
+Status forward_device_tensors(const FwdArgs& args, cudaStream_t stream) {
+  return forward_impl(&args, stream, /*check_pointers=*/false);
+}
+Status backward_device_tensors(const BwdArgs& args, cudaStream_t stream) {
+  return backward_impl(&args, stream, /*check_pointers=*/false);
+}
+
 }  // namespace detail
 
 Status forward(const FwdArgs& args, CUstream_st* stream) { return detail::forward_impl(&args, stream); }
