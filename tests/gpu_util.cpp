@@ -326,6 +326,19 @@ std::string FwdPlan::describe_lse(int64_t off) const {
   return s.str();
 }
 
+std::vector<FwdCase> seqlen_grid_cases() {
+  std::vector<FwdCase> cases;
+  for (int s : {1, 17, 1000, 4097})
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.seqlen_q = c.seqlen_k = s;
+      c.heads_q = c.heads_kv = s > 1000 ? 1 : 2;
+      c.causal = causal;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
 FwdPlan plan_fwd(const FwdCase& c) {
   FwdPlan P;
   P.batch = c.batch;

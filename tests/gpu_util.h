@@ -124,6 +124,10 @@ struct FwdPlan {
   int64_t kv_index(const Strides& s, int b, int j, int h, int x) const;
 };
 
+// The lengths every kernel is checked at (1, 17, 1000, 4097: one row, a partial tile, several
+// tiles, one past a power of two), causal and not; one head beyond 1000 keeps the CPU reference quick.
+std::vector<FwdCase> seqlen_grid_cases();
+
 // Throws std::invalid_argument when the case is inconsistent (lengths per batch, seqused > rows).
 FwdPlan plan_fwd(const FwdCase& c);
 

@@ -184,14 +184,7 @@ TEST(BwdGpu, EveryHopperInstantiation) {
 
 TEST(BwdGpu, SeqlenGrid) {
   FA3_REQUIRE_GPU();
-  for (int s : {1, 17, 1000, 4097})
-    for (bool causal : {false, true}) {
-      FwdCase c;
-      c.seqlen_q = c.seqlen_k = s;
-      c.heads_q = c.heads_kv = s > 1000 ? 1 : 2;
-      c.causal = causal;
-      check_bwd_case(c, "hopper");
-    }
+  for (const FwdCase& c : seqlen_grid_cases()) check_bwd_case(c, "hopper");
 }
 
 TEST(BwdGpu, UnequalLengthsGqaWindows) {

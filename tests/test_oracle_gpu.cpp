@@ -23,14 +23,7 @@ void run_oracle_case(const FwdCase& c) {
 
 TEST(OracleGpu, SeqlenGrid) {
   FA3_REQUIRE_GPU();
-  for (int s : {1, 17, 1000, 4097})
-    for (bool causal : {false, true}) {
-      FwdCase c;
-      c.seqlen_q = c.seqlen_k = s;
-      c.heads_q = c.heads_kv = s > 1000 ? 1 : 2;
-      c.causal = causal;
-      run_oracle_case(c);
-    }
+  for (const FwdCase& c : seqlen_grid_cases()) run_oracle_case(c);
 }
 
 TEST(OracleGpu, UnequalLengthsGqaAndWindows) {

@@ -194,7 +194,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         # A contiguous cache indexed by cache_batch_idx is a paged cache whose pages are whole
         # cache rows: fa3 reads it in place through a one-column page table.
         page_table = cache_batch_idx.to(torch.int32).reshape(batch, 1)
-    positions_base = seqused_k if seqused_k is not None else torch.zeros(batch, dtype=torch.int32, device=dev)
+    # Where the new tokens start in each sequence (the append and rotary only; a plain decode
+    # call allocates nothing here).
+    positions_base = None
+    if k is not None or rotary_cos is not None:
+        positions_base = seqused_k if seqused_k is not None else torch.zeros(batch, dtype=torch.int32, device=dev)
 
     if k is not None:
         if varlen_q:

@@ -11,10 +11,11 @@ import torch
 
 import test_hf  # the CPU tests' helpers (python/tests is on sys.path: conftest.py)
 
-import fa3  # from the source tree (conftest.py) or installed
+import fa3  # noqa: F401 (from the source tree, conftest.py, or installed)
+import util
+from util import count_calls, skip_unless_hopper
 
-if not torch.cuda.is_available() or not fa3._ops.available() or torch.cuda.get_device_capability()[0] != 9:
-    pytest.skip("needs a Hopper (sm_9x) GPU and the compiled fa3 library", allow_module_level=True)
+skip_unless_hopper()
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,20 +33,7 @@ LAYERS = 2
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Counts the calls that reach fa3's kernels (so a silent fallback would show), calling the real ones."""
-    counts = {"dense": 0, "varlen": 0}
-    dense, varlen = interface.flash_attn_func, interface.flash_attn_varlen_func
-
-    def counted_dense(*args, **kwargs):
-        counts["dense"] += 1
-        return dense(*args, **kwargs)
-
-    def counted_varlen(*args, **kwargs):
-        counts["varlen"] += 1
-        return varlen(*args, **kwargs)
-
-    monkeypatch.setattr(interface, "flash_attn_func", counted_dense)
-    monkeypatch.setattr(interface, "flash_attn_varlen_func", counted_varlen)
-    return counts
+    return count_calls(monkeypatch, interface, dense="flash_attn_func", varlen="flash_attn_varlen_func")
 
 
 def llama_config(head_dim):
@@ -67,8 +55,7 @@ def model_pair(config, dtype=torch.bfloat16, reference="sdpa", seed=0):
 
 
 def rel_err(a, b):
-    a, b = a.detach().float(), b.detach().float()
-    return ((a - b).norm() / b.norm()).item()
+    return util.rel_err(a, b, floor=0.0)  # model outputs and gradients: no zero references
 
 
 def assert_rel(a, b, what, tol=TOL):

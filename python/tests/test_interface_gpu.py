@@ -9,18 +9,11 @@ import torch
 
 import fa3
 from fa3 import _ops
+from util import rel_err, skip_unless_hopper
 
-if not (torch.cuda.is_available() and fa3.available()
-        and torch.cuda.get_device_capability()[0] == 9):
-    pytest.skip("needs an sm_90 GPU and fa3's operators", allow_module_level=True)
+skip_unless_hopper()
 
 DEV = "cuda"
-
-
-def rel_err(a, b):
-    a, b = a.double(), b.double()
-    # The floor keeps an exactly-zero reference (dQ with one key) from dividing by ~0.
-    return ((a - b).norm() / b.norm().clamp_min(1e-3 * b.numel() ** 0.5)).item()
 
 
 def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
@@ -108,7 +101,7 @@ def test_varlen_matches_each_sequence():
     assert lse.shape == (h, sum(lens_q))
     dout = torch.randn_like(out)
     out.backward(dout)
-    refs, grads = [], []
+    refs = []
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     for i in range(len(lens_q)):
         a, e = cu_q[i].item(), cu_q[i + 1].item()

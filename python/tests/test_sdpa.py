@@ -9,7 +9,6 @@ operators, their autograd formulas and torch.nn.attention.varlen run them as on 
 
 import math
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -19,11 +18,6 @@ import torch.nn.attention as attention
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-try:
-    import fa3
-except ModuleNotFoundError:  # run from a source tree without PYTHONPATH=python
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    import fa3
 from fa3 import _ops, sdpa
 
 F64 = torch.float64

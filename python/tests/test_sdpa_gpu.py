@@ -4,37 +4,20 @@ fa3._ops.fwd / bwd) and match float64 math in outputs and gradients (relative er
 dropout runs the fallback; deactivate() gives PyTorch's own kernels back."""
 
 import math
-import pathlib
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, current_flash_attention_impl, sdpa_kernel
 
-try:
-    import fa3
-except ModuleNotFoundError:  # run from a source tree without PYTHONPATH=python
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    import fa3
+from util import count_calls, rel_err, skip_unless_hopper
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-if not fa3._ops.available():
-    pytest.skip(f"fa3's operators are not built: {fa3._ops.load_error()}", allow_module_level=True)
-if torch.cuda.get_device_capability()[0] != 9:
-    pytest.skip("needs a compute capability 9.x GPU", allow_module_level=True)
+skip_unless_hopper()
 
 from fa3 import _ops, sdpa  # noqa: E402
 
 DEV = "cuda"
 F64 = torch.float64
-
-
-def rel_err(a, b):
-    a, b = a.double(), b.double()
-    # The floor keeps an exactly-zero reference (dQ, dK with a single key) from dividing by ~0.
-    return ((a - b).norm() / b.norm().clamp_min(1e-3 * b.numel() ** 0.5)).item()
 
 
 def rand(*shape, dtype=torch.bfloat16):
@@ -48,20 +31,7 @@ def leaves64(*ts):
 @pytest.fixture
 def calls(monkeypatch):
     """Counts the calls that reach fa3's operators (the real ones run underneath)."""
-    counts = {"fwd": 0, "bwd": 0}
-    real_fwd, real_bwd = _ops.fwd, _ops.bwd
-
-    def fwd(*args, **kwargs):
-        counts["fwd"] += 1
-        return real_fwd(*args, **kwargs)
-
-    def bwd(*args, **kwargs):
-        counts["bwd"] += 1
-        return real_bwd(*args, **kwargs)
-
-    monkeypatch.setattr(_ops, "fwd", fwd)
-    monkeypatch.setattr(_ops, "bwd", bwd)
-    return counts
+    return count_calls(monkeypatch, _ops, fwd="fwd", bwd="bwd")
 
 
 @pytest.fixture

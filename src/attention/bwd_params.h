@@ -9,11 +9,11 @@
 
 namespace fa3::attn {
 
-// Workspace of the Hopper backward (bwd_launch.cuh sizes it), per (batch, query head):
+// Workspace of the Hopper backward (bwd_workspace_layout places it), per (batch, query head):
 //  - lse2, delta: [seqlen_q rounded up to kBlockM] fp32: LSE * log2(e) (+inf for rows past the
 //    sequence or without a visible key, so that their P is 0) and D = rowsum(dO * O) (0 there);
 //  - dq_accum: [m-blocks][kBlockM * d] fp32, each block's two 64 x 64 parts in the accumulator's
-//    register order (bwd_consumer.cuh: element (register i, thread t) at i * 128 + t), so that a
+//    register order (bwd_mma.cuh: element (register i, thread t) at i * 128 + t), so that a
 //    warpgroup stages and reduce-adds it without bank conflicts and as one contiguous bulk copy;
 //  - dq_semaphore: [m-blocks] int32, deterministic mode: how many dQ parts of the block were added.
 struct BwdKernelParams {

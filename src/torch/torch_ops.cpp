@@ -4,11 +4,11 @@
 //
 // The operators are thin: they read shapes, strides and devices from the tensors, allocate the
 // outputs (and the backward's workspace) through PyTorch's caching allocator, which CUDA graphs
-// capture, and call fa3's C++ API on the current stream. fa3 validates every value it is given;
-// this file checks what only the tensors know (rank, dtype, device, the contiguous last dim) and
-// turns a failed fa3 call into a RuntimeError carrying fa3's message. Fake (meta) kernels and
+// capture, and call fa3 on the current stream through src/api/bindings.h (the C++ API's calls
+// without the per-pointer device-memory checks, which CUDA tensors cannot need). fa3 validates
+// every value it is given; this file checks what only the tensors know (rank, dtype, device, the
+// head-dim stride) and turns a failed fa3 call into a RuntimeError carrying fa3's message. Fake (meta) kernels and
 // autograd live in python/fa3/_ops.py.
-#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
