@@ -55,6 +55,13 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 }
 void DeviceBuffer::fill_bytes(int value) { check(cudaMemset(ptr_, value, bytes_), "cudaMemset"); }
 
+std::vector<int> random_lengths(int n, int lo, int hi, std::mt19937& g) {
+  std::uniform_int_distribution<int> len(lo, hi);
+  std::vector<int> v(n);
+  for (auto& x : v) x = len(g);
+  return v;
+}
+
 bool env_long(const char* name, long long* value) {
   const char* s = std::getenv(name);
   if (s == nullptr || *s == '\0') return false;
@@ -324,6 +331,98 @@ std::string FwdPlan::describe_lse(int64_t off) const {
       << ")";
   }
   return s.str();
+}
+
+std::vector<VarlenLengths> varlen_length_sets() {
+  return {
+      {{0, 1, 17, 128, 129, 300}, {5, 0, 1000, 17, 129, 700}},
+      {{1000, 0, 64, 1}, {17, 300, 0, 1000}},
+      {{255, 257, 191, 193}, {257, 255, 193, 191}},
+  };
+}
+const std::pair<int, int> kVarlenWindows[5] = {{-1, -1}, {100, 0}, {30, 30}, {-1, 20}, {50, -1}};
+
+std::vector<FwdCase> seqused_cases(bool causal) {
+  std::vector<FwdCase> cases;
+  // Dense rows, seqused_q only: rows past it stay untouched; masks align to the used lengths.
+  FwdCase c;
+  c.causal = causal;
+  c.batch = 3;
+  c.seqlen_q = 300;
+  c.seqlen_k = 400;
+  c.seqused_q = {0, 300, 129};
+  cases.push_back(c);
+  // Dense, seqused_k only (0: no key, O = 0).
+  c = FwdCase();
+  c.causal = causal;
+  c.batch = 3;
+  c.seqlen_q = 300;
+  c.seqlen_k = 400;
+  c.seqused_k = {1, 400, 0};
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  cases.push_back(c);
+  // Dense, both, with guard rows after every batch entry, GQA and a window.
+  c.seqused_q = {17, 0, 300};
+  c.seqused_k = {400, 129, 255};
+  c.guard_rows = 50;
+  c.heads_kv = 2;
+  c.window_left = causal ? 64 : 100;
+  c.window_right = causal ? -1 : 30;
+  c.layout = Layout::kBHSD;
+  cases.push_back(c);
+  // Packed rows plus seqused_q and seqused_k.
+  c = FwdCase();
+  c.causal = causal;
+  c.batch = 3;
+  c.varlen_q = {100, 0, 513};
+  c.seqused_q = {50, 0, 513};
+  c.varlen_k = {300, 17, 600};
+  c.seqused_k = {300, 0, 257};
+  c.head_dim = 64;
+  c.guard_rows = 100;
+  cases.push_back(c);
+  // cu_seqlens_q with dense K and seqused_k (the decoding-cache layout without pages).
+  c = FwdCase();
+  c.causal = causal;
+  c.batch = 4;
+  c.varlen_q = {17, 1000, 0, 256};
+  c.seqlen_k = 1200;
+  c.seqused_k = {1200, 5, 0, 700};
+  c.heads_q = 16;
+  c.heads_kv = 2;
+  c.guard_rows = 33;
+  cases.push_back(c);
+  // ... and seqused_q on top, other head dims, padded rows.
+  c.seqused_q = {1, 999, 0, 128};
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.layout = Layout::kBSHDPadded;
+  cases.push_back(c);
+  // cu_seqlens_k with dense queries (and seqused_q).
+  c = FwdCase();
+  c.causal = causal;
+  c.batch = 3;
+  c.seqlen_q = 200;
+  c.varlen_k = {0, 1000, 129};
+  c.seqused_q = {200, 7, 0};
+  c.guard_rows = 20;
+  cases.push_back(c);
+  return cases;
+}
+
+FwdCase packed_head_dim_case(int dqk, int dv, Layout layout) {
+  FwdCase c;
+  c.batch = 5;
+  c.varlen_q = {17, 0, 200, 1, 129};
+  c.varlen_k = {300, 40, 0, 1, 129};
+  c.head_dim = dqk;
+  c.head_dim_v = dv;
+  c.layout = layout;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.guard_rows = 50;
+  return c;
 }
 
 std::vector<FwdCase> seqlen_grid_cases() {

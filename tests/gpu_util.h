@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fa3/fa3.h"
@@ -44,6 +45,8 @@ class DeviceBuffer {
 };
 
 std::mt19937& rng();  // seeded once from std::random_device; the seed is printed at start
+// n per-sequence lengths in [lo, hi] drawn from g (default rng(): the printed seed reproduces them).
+std::vector<int> random_lengths(int n, int lo, int hi, std::mt19937& g = rng());
 
 // An integer from the environment: false when unset or empty (a value that is not an integer is
 // a test failure).
@@ -127,6 +130,20 @@ struct FwdPlan {
 // The lengths every kernel is checked at (1, 17, 1000, 4097: one row, a partial tile, several
 // tiles, one past a power of two), causal and not; one head beyond 1000 keeps the CPU reference quick.
 std::vector<FwdCase> seqlen_grid_cases();
+// Per-sequence (query, key) lengths of the packed-varlen tests: 0, 1, 17, tile edges, s_q != s_k
+// within a sequence; and the windows (left, right) they cycle through.
+struct VarlenLengths {
+  std::vector<int> q, k;
+};
+std::vector<VarlenLengths> varlen_length_sets();
+extern const std::pair<int, int> kVarlenWindows[5];
+// Five packed sequences (lengths 17, 0, 200, 1, 129 against keys 300, 40, 0, 1, 129), GQA 4:2,
+// guard rows: the packed case the head-dim and layout variants of the varlen tests start from.
+FwdCase packed_head_dim_case(int dqk, int dv, Layout layout);
+// seqused_q / seqused_k in each layout: dense rows (either or both, guard rows, a window), packed
+// rows with seqused on top, cu_seqlens_q with dense K (and seqused_q), cu_seqlens_k with dense Q;
+// lengths 0 and 1 among them.
+std::vector<FwdCase> seqused_cases(bool causal);
 
 // Throws std::invalid_argument when the case is inconsistent (lengths per batch, seqused > rows).
 FwdPlan plan_fwd(const FwdCase& c);

@@ -2,7 +2,8 @@
 // the double-precision CPU reference: dQ, dK and dV on fresh random inputs, poisoned gradients
 // (elements no row owns must keep the poison), every Hopper instantiation by its features,
 // lengths that are not tile multiples, unequal lengths, GQA/MQA, windows, softcap, head-dim pairs,
-// strided layouts, and deterministic mode bitwise reproducible; and randomised configurations of
+// strided layouts, varlen (packed rows, seqused, empty sequences), and deterministic mode bitwise
+// reproducible; and randomised configurations of
 // the Hopper backward against the reference GPU backward (itself checked against the CPU above).
 //
 // Random test environment: FA3_RANDOM_SEED=S (default random, printed), FA3_BWD_RANDOM_CASES=N
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "reference/rounding.h"
 #include "src/api/dispatch.h"
@@ -164,11 +166,12 @@ void check_bwd_case(const FwdCase& c, const char* want_kernel, double tol = 1e-2
               "dv", c.name(), tol);
 }
 
-// Every Hopper backward instantiation (dtype x head dim x mask x softcap), by its features.
+// Every Hopper backward instantiation (dtype x head dim x mask x softcap; varlen below), by its
+// features.
 TEST(BwdGpu, EveryHopperInstantiation) {
   FA3_REQUIRE_GPU();
   for (fa3_dtype t : {FA3_DTYPE_BF16, FA3_DTYPE_FP16})
-    for (int dim : {64, 128})
+    for (int dim : {64, 128, 256})
       for (bool causal : {false, true})
         for (float cap : {0.f, 5.f}) {
           FwdCase c;
@@ -184,7 +187,11 @@ TEST(BwdGpu, EveryHopperInstantiation) {
 
 TEST(BwdGpu, SeqlenGrid) {
   FA3_REQUIRE_GPU();
-  for (const FwdCase& c : seqlen_grid_cases()) check_bwd_case(c, "hopper");
+  for (int dim : {128, 256})
+    for (FwdCase c : seqlen_grid_cases()) {
+      c.head_dim = dim;
+      check_bwd_case(c, "hopper");
+    }
 }
 
 TEST(BwdGpu, UnequalLengthsGqaWindows) {
@@ -214,19 +221,20 @@ TEST(BwdGpu, HeadDimsAndLayouts) {
   c.seqlen_k = 333;
   c.heads_q = 4;
   c.heads_kv = 2;
-  for (int dim : {40, 80, 96, 128}) {
+  for (int dim : {40, 80, 96, 128, 136, 160, 192, 256}) {
     c.head_dim = dim;
-    c.layout = dim == 80 ? Layout::kBHSD : Layout::kBSHDPadded;
+    c.layout = dim == 80 || dim == 192 ? Layout::kBHSD : Layout::kBSHDPadded;
     check_bwd_case(c, "hopper");
   }
   c.layout = Layout::kBSHD;
-  c.head_dim = 128;
-  c.head_dim_v = 64;  // d_qk != d_v on the d128 tile
   c.causal = true;
-  check_bwd_case(c, "hopper");
-  c.head_dim = 64;
-  c.head_dim_v = 128;
-  check_bwd_case(c, "hopper");
+  // d_qk != d_v on the d128 and d256 tiles (DeepSeek's 192 / 128 among them).
+  for (auto [dqk, dv] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{192, 128}, std::pair{256, 64},
+                         std::pair{96, 256}}) {
+    c.head_dim = dqk;
+    c.head_dim_v = dv;
+    check_bwd_case(c, "hopper");
+  }
 }
 
 // A broadcast dO (an input, so zero strides are legal): one head's gradient for every query head.
@@ -267,28 +275,98 @@ TEST(BwdGpu, BroadcastDout) {
   }
 }
 
-// What the Hopper backward does not cover runs on the reference kernels, same contract.
+// Packed Q/dO and K/V (cu_seqlens_q/k): lengths 0, 1, 17, tile edges, s_q != s_k within a
+// sequence, every mask, GQA 8:1 and MQA, softcap, head-dim pairs, guard rows inside and after the
+// packed rows (a sequence's last blocks read the next one's rows: they must add nothing).
+TEST(BwdGpu, VarlenPacked) {
+  FA3_REQUIRE_GPU();
+  int n = 0;
+  for (const VarlenLengths& l : varlen_length_sets())
+    for (int dim : {64, 128})
+      for (bool causal : {false, true}) {
+        FwdCase c;
+        c.batch = static_cast<int>(l.q.size());
+        c.varlen_q = l.q;
+        c.varlen_k = l.k;
+        c.head_dim = dim;
+        c.heads_q = n % 2 ? 8 : 4;
+        c.heads_kv = n % 2 ? 1 : 2;
+        c.causal = causal;
+        if (!causal) std::tie(c.window_left, c.window_right) = kVarlenWindows[n % 5];
+        c.guard_rows = n % 2 ? 77 : 0;
+        c.dtype = n % 4 == 3 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+        c.softcap = n % 3 == 2 ? 8.f : 0.f;
+        ++n;
+        check_bwd_case(c, "hopper");
+      }
+  for (auto [dqk, dv] : {std::pair{96, 96}, std::pair{128, 64}, std::pair{40, 120}, std::pair{256, 256},
+                         std::pair{192, 128}})
+    for (Layout layout : {Layout::kBSHDPadded, Layout::kBHSD}) {
+      FwdCase c = packed_head_dim_case(dqk, dv, layout);
+      c.causal = dqk == 128 || dqk == 192;
+      c.softcap = dqk == 256 ? 10.f : 0.f;
+      check_bwd_case(c, "hopper");
+    }
+}
+
+// seqused_q / seqused_k in each layout (the forward's cases: dense rows past them hold finite data
+// that must add nothing), and sequences without queries or keys.
+TEST(BwdGpu, VarlenSequsedAndEmptySequences) {
+  FA3_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "no mask");
+    for (const FwdCase& c : seqused_cases(causal)) check_bwd_case(c, "hopper");
+    FwdCase c;
+    c.causal = causal;
+    c.batch = 3;
+    c.varlen_q = {0, 0, 0};  // no query at all: dK = dV = 0
+    c.varlen_k = {10, 0, 5};
+    check_bwd_case(c, "hopper");
+    c.varlen_q = {5, 130, 1};  // queries, but no key anywhere: dQ = 0
+    c.varlen_k = {0, 0, 0};
+    c.guard_rows = 130;
+    check_bwd_case(c, "hopper");
+    c.varlen_q = {0, 300, 0};
+    c.varlen_k = {300, 0, 1};
+    check_bwd_case(c, "hopper");
+  }
+}
+
+// Many short sequences (about a tenth of them empty): every CTA past its sequence's keys leaves,
+// every workspace block belongs to one sequence.
+TEST(BwdGpu, VarlenManySequences) {
+  FA3_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    FwdCase c;
+    c.batch = 100;
+    c.varlen_q = random_lengths(c.batch, 0, 150);
+    c.varlen_k = random_lengths(c.batch, 0, 150);
+    for (int b = 0; b < c.batch; b += 10) c.varlen_q[b] = 0;
+    for (int b = 5; b < c.batch; b += 10) c.varlen_k[b] = 0;
+    c.heads_q = 4;
+    c.heads_kv = 1;
+    c.head_dim = causal ? 128 : 64;
+    c.causal = causal;
+    c.guard_rows = 64;
+    check_bwd_case(c, "hopper");
+  }
+}
+
+// What the Hopper backward does not cover (a negative softmax scale) runs on the reference
+// kernels, same contract.
 TEST(BwdGpu, ReferenceKernelFeatures) {
   FA3_REQUIRE_GPU();
   FwdCase c;
-  c.batch = 3;
-  c.varlen_q = {100, 0, 257};
-  c.varlen_k = {130, 64, 257};
-  c.causal = true;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  check_bwd_case(c, "reference-gpu");
-  c = FwdCase();
-  c.head_dim = 256;
+  c.head_dim = 192;
+  c.head_dim_v = 128;
   c.seqlen_q = 150;
   c.seqlen_k = 190;
   c.softcap = 3.f;
+  c.softmax_scale = -0.05f;
   check_bwd_case(c, "reference-gpu");
-  c = FwdCase();
-  c.head_dim = 192;
-  c.head_dim_v = 128;
   c.window_left = 20;
   c.window_right = 0;
+  c.head_dim = c.head_dim_v = 64;
   check_bwd_case(c, "reference-gpu");
 }
 
@@ -303,7 +381,7 @@ TEST(BwdGpu, DeterministicIsBitwiseReproducible) {
     bool causal;
   };
   for (const Shape& sh : {Shape{64, 2048, 2048, false}, Shape{128, 2048, 2048, true}, Shape{128, 300, 2100, false},
-                          Shape{64, 1500, 1000, true}}) {
+                          Shape{64, 1500, 1000, true}, Shape{256, 1500, 1500, true}, Shape{256, 1024, 1024, false}}) {
     FwdCase c;
     c.head_dim = sh.dim;
     c.seqlen_q = sh.sq;
@@ -331,15 +409,39 @@ TEST(BwdGpu, DeterministicIsBitwiseReproducible) {
   }
 }
 
-// One random configuration the Hopper backward serves (fixed lengths, head dims <= 128).
+// Varlen (the masked kernels' descending order, per sequence; CTAs past a sequence's keys add
+// nothing and are waited for by nobody).
+TEST(BwdGpu, DeterministicVarlenIsBitwiseReproducible) {
+  FA3_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    FwdCase c;
+    c.batch = 4;
+    c.varlen_q = {1500, 0, 700, 129};
+    c.varlen_k = {1500, 300, 2000, 0};
+    c.head_dim = causal ? 64 : 128;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = causal;
+    BwdData d = make_bwd_data(c, 1);
+    const Grads first = run_bwd(d);
+    for (int rep = 0; rep < 3; ++rep) {
+      d.workspace.fill_bytes(0x7F);
+      const Grads again = run_bwd(d);
+      EXPECT_TRUE(again.dq == first.dq && again.dk == first.dk && again.dv == first.dv)
+          << c.name() << " differs on run " << rep + 2;
+    }
+  }
+}
+
+// One random configuration the Hopper backward serves (head dims <= 256).
 FwdCase random_bwd_case(std::mt19937& g, bool* deterministic) {
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); };
   auto chance = [&](double p) { return std::bernoulli_distribution(p)(g); };
   auto log_len = [&](int hi) { return std::max(1, int(std::exp(std::uniform_real_distribution<double>(0, std::log(hi))(g)))); };
   FwdCase c;
   c.dtype = chance(0.7) ? FA3_DTYPE_BF16 : FA3_DTYPE_FP16;
-  c.head_dim = chance(0.6) ? (chance(0.5) ? 64 : 128) : 8 * uni(1, 16);
-  c.head_dim_v = chance(0.7) ? c.head_dim : 8 * uni(1, 16);
+  c.head_dim = chance(0.6) ? 64 << uni(0, 2) : 8 * uni(1, 32);
+  c.head_dim_v = chance(0.7) ? c.head_dim : 8 * uni(1, 32);
   c.heads_kv = uni(1, 3);
   c.heads_q = c.heads_kv * (1 << uni(0, 3));
   c.batch = uni(1, 3);
@@ -360,6 +462,37 @@ FwdCase random_bwd_case(std::mt19937& g, bool* deterministic) {
   while (double(c.batch) * c.heads_q * c.seqlen_q * c.seqlen_k * (c.head_dim + c.head_dim_v) > 1.5e9) {
     c.seqlen_q = std::max(1, c.seqlen_q * 3 / 4);
     c.seqlen_k = std::max(1, c.seqlen_k * 3 / 4);
+  }
+  // Varlen, in each of its layouts: packed Q and K, packed Q with dense K and seqused_k, dense rows
+  // with seqused_q / seqused_k, packed with seqused on top; lengths up to the dense ones, some 0.
+  if (chance(0.35)) {
+    auto lengths = [&](int hi) {
+      std::vector<int> v = random_lengths(c.batch, 0, hi, g);
+      for (int& x : v)
+        if (chance(0.1)) x = 0;
+      return v;
+    };
+    auto used = [&](const std::vector<int>& rows) {
+      std::vector<int> v(rows.size());
+      for (size_t b = 0; b < rows.size(); ++b) v[b] = chance(0.5) ? rows[b] : uni(0, rows[b]);
+      return v;
+    };
+    const int kind = uni(0, 3);
+    if (kind == 0 || kind == 3) {
+      c.varlen_q = lengths(c.seqlen_q);
+      c.varlen_k = lengths(c.seqlen_k);
+      if (kind == 3) {
+        c.seqused_q = used(c.varlen_q);
+        c.seqused_k = used(c.varlen_k);
+      }
+    } else if (kind == 1) {
+      c.varlen_q = lengths(c.seqlen_q);
+      c.seqused_k = used(std::vector<int>(c.batch, c.seqlen_k));
+    } else {
+      if (chance(0.7)) c.seqused_q = used(std::vector<int>(c.batch, c.seqlen_q));
+      c.seqused_k = used(std::vector<int>(c.batch, c.seqlen_k));
+    }
+    if (chance(0.5)) c.guard_rows = uni(1, 130);
   }
   return c;
 }
@@ -402,6 +535,32 @@ std::string compare_with_reference_kernels(const FwdCase& c, bool deterministic)
   return why;
 }
 
+// Long packed sequences (lengths 0..3000, the CPU reference would take minutes): against the
+// reference kernels, which the tests above check against the CPU.
+TEST(BwdGpu, VarlenLongAgainstReferenceKernels) {
+  FA3_REQUIRE_GPU();
+  const std::vector<int> q = {3000, 0, 1000, 2500, 1, 17}, k = {3000, 300, 2500, 1000, 3000, 0};
+  int n = 0;
+  for (int dim : {64, 128, 256})
+    for (int mask = 0; mask < 3; ++mask) {
+      FwdCase c;
+      c.dtype = n % 2 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+      c.batch = static_cast<int>(q.size());
+      c.varlen_q = q;
+      c.varlen_k = k;
+      c.head_dim = dim;
+      c.heads_q = 8;
+      c.heads_kv = dim == 64 ? 1 : 2;
+      c.causal = mask == 1;
+      if (mask == 2) c.window_left = 500, c.window_right = 64;
+      c.softcap = n == 4 ? 30.f : 0.f;
+      c.guard_rows = 200;
+      const std::string why = compare_with_reference_kernels(c, n % 3 == 0);
+      EXPECT_TRUE(why.empty()) << c.name() << ": " << why;
+      ++n;
+    }
+}
+
 TEST(BwdRandomGpu, AgreesWithReferenceKernelsOnRandomConfigs) {
   FA3_REQUIRE_GPU();
   long long seed_ll = 0, cases = 300, only = -1;
@@ -424,6 +583,7 @@ TEST(BwdRandomGpu, AgreesWithReferenceKernelsOnRandomConfigs) {
     if (c.softcap > 0) covered["softcap"]++;
     if (c.head_dim != c.head_dim_v) covered["d_qk != d_v"]++;
     if (c.heads_q != c.heads_kv) covered["gqa/mqa"]++;
+    if (!c.varlen_q.empty() || !c.varlen_k.empty() || !c.seqused_q.empty() || !c.seqused_k.empty()) covered["varlen"]++;
     if (deterministic) covered["deterministic"]++;
     ++run;
     const std::string why = compare_with_reference_kernels(c, deterministic);

@@ -58,14 +58,6 @@ std::string kernel_of(const FwdCase& c) {
   return st.ok() ? std::string(kernel) : "error: " + st.message();
 }
 
-// Per-sequence lengths drawn from rng() (the seed printed at start reproduces them).
-std::vector<int> random_lengths(int n, int lo, int hi) {
-  std::uniform_int_distribution<int> len(lo, hi);
-  std::vector<int> v(n);
-  for (auto& x : v) x = len(rng());
-  return v;
-}
-
 // ------------------------------------------------------- every instantiation ----
 
 // The instantiations CMakeLists.txt generates, by name (fwd_<dtype>_<tile>_m<masked>_s<softcap>_v<varlen>).
@@ -542,17 +534,8 @@ TEST(FwdGpu, HeadDimPairsOnHopper) {
 // sequence; every mask; GQA 8:1 and MQA; guard rows around and after the packed rows.
 TEST(FwdGpu, VarlenPackedAgainstCpu) {
   FA3_REQUIRE_GPU();
-  struct Lens {
-    std::vector<int> q, k;
-  };
-  const Lens lens[] = {
-      {{0, 1, 17, 128, 129, 300}, {5, 0, 1000, 17, 129, 700}},
-      {{1000, 0, 64, 1}, {17, 300, 0, 1000}},
-      {{255, 257, 191, 193}, {257, 255, 193, 191}},
-  };
-  const std::pair<int, int> windows[] = {{-1, -1}, {100, 0}, {30, 30}, {-1, 20}, {50, -1}};
   int n = 0;
-  for (const Lens& l : lens)
+  for (const VarlenLengths& l : varlen_length_sets())
     for (int dim : {64, 128})
       for (bool causal : {false, true})
         for (auto [hq, hkv] : {std::pair{16, 2}, std::pair{4, 1}}) {
@@ -564,7 +547,7 @@ TEST(FwdGpu, VarlenPackedAgainstCpu) {
           c.heads_q = hq;
           c.heads_kv = hkv;
           c.causal = causal;
-          if (!causal) std::tie(c.window_left, c.window_right) = windows[n % 5];
+          if (!causal) std::tie(c.window_left, c.window_right) = kVarlenWindows[n % 5];
           c.guard_rows = n % 2 ? 77 : 0;
           c.dtype = n % 4 == 3 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
           ++n;
@@ -573,18 +556,9 @@ TEST(FwdGpu, VarlenPackedAgainstCpu) {
   // The other head dims, layouts, softcap and unequal head dims, packed.
   for (auto [dqk, dv] : {std::pair{96, 96}, std::pair{256, 256}, std::pair{192, 128}, std::pair{40, 200}})
     for (Layout layout : {Layout::kBSHDPadded, Layout::kBHSD}) {
-      FwdCase c;
-      c.batch = 5;
-      c.varlen_q = {17, 0, 200, 1, 129};
-      c.varlen_k = {300, 40, 0, 1, 129};
-      c.head_dim = dqk;
-      c.head_dim_v = dv;
-      c.layout = layout;
-      c.heads_q = 4;
-      c.heads_kv = 2;
+      FwdCase c = packed_head_dim_case(dqk, dv, layout);
       c.causal = dqk == 192;
       c.softcap = dqk == 96 ? 20.f : 0.f;
-      c.guard_rows = 50;
       run_fwd_case(c);
     }
 }
@@ -687,70 +661,7 @@ TEST(FwdGpu, SequsedOnHopper) {
   FA3_REQUIRE_GPU();
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "no mask");
-    // Dense rows, seqused_q only: rows past it stay untouched; masks align to the used lengths.
-    FwdCase c;
-    c.causal = causal;
-    c.batch = 3;
-    c.seqlen_q = 300;
-    c.seqlen_k = 400;
-    c.seqused_q = {0, 300, 129};
-    run_fwd_case(c);
-    // Dense, seqused_k only (0: no key, O = 0).
-    c = FwdCase();
-    c.causal = causal;
-    c.batch = 3;
-    c.seqlen_q = 300;
-    c.seqlen_k = 400;
-    c.seqused_k = {1, 400, 0};
-    c.heads_q = 8;
-    c.heads_kv = 1;
-    run_fwd_case(c);
-    // Dense, both, with guard rows after every batch entry, GQA and a window.
-    c.seqused_q = {17, 0, 300};
-    c.seqused_k = {400, 129, 255};
-    c.guard_rows = 50;
-    c.heads_kv = 2;
-    c.window_left = causal ? 64 : 100;
-    c.window_right = causal ? -1 : 30;
-    c.layout = Layout::kBHSD;
-    run_fwd_case(c);
-    // Packed rows plus seqused_q and seqused_k.
-    c = FwdCase();
-    c.causal = causal;
-    c.batch = 3;
-    c.varlen_q = {100, 0, 513};
-    c.seqused_q = {50, 0, 513};
-    c.varlen_k = {300, 17, 600};
-    c.seqused_k = {300, 0, 257};
-    c.head_dim = 64;
-    c.guard_rows = 100;
-    run_fwd_case(c);
-    // cu_seqlens_q with dense K and seqused_k (the decoding-cache layout without pages).
-    c = FwdCase();
-    c.causal = causal;
-    c.batch = 4;
-    c.varlen_q = {17, 1000, 0, 256};
-    c.seqlen_k = 1200;
-    c.seqused_k = {1200, 5, 0, 700};
-    c.heads_q = 16;
-    c.heads_kv = 2;
-    c.guard_rows = 33;
-    run_fwd_case(c);
-    // ... and seqused_q on top, other head dims, padded rows.
-    c.seqused_q = {1, 999, 0, 128};
-    c.head_dim = 192;
-    c.head_dim_v = 128;
-    c.layout = Layout::kBSHDPadded;
-    run_fwd_case(c);
-    // cu_seqlens_k with dense queries (and seqused_q).
-    c = FwdCase();
-    c.causal = causal;
-    c.batch = 3;
-    c.seqlen_q = 200;
-    c.varlen_k = {0, 1000, 129};
-    c.seqused_q = {200, 7, 0};
-    c.guard_rows = 20;
-    run_fwd_case(c);
+    for (const FwdCase& c : seqused_cases(causal)) run_fwd_case(c);
   }
   // A long dense batch with seqused against the oracle.
   FwdCase c;

@@ -699,10 +699,31 @@ TEST_F(BwdValidation, KernelNameAndWorkspace) {
   EXPECT_STREQ(name, "hopper");
   ASSERT_TRUE(Passes(fa3::workspace_size(b, &bytes)));
   EXPECT_GT(bytes, size_t(0));  // LSE2, D, the dQ accumulator
+  // Varlen runs on the Hopper backward; its scratch has a block of padding per sequence and grows
+  // with the packed rows.
   b.fwd.cu_seqlens_q = fake<const int32_t>(0x600000);
   b.fwd.cu_seqlens_k = fake<const int32_t>(0x610000);
   b.fwd.total_q = kBatch * kSeqQ;
   b.fwd.total_k = kBatch * kSeqK;
+  ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
+  EXPECT_STREQ(name, "hopper");
+  size_t packed = 0, more = 0;
+  ASSERT_TRUE(Passes(fa3::workspace_size(b, &packed)));
+  EXPECT_GE(packed, bytes);
+  b.fwd.total_q += 1000;
+  ASSERT_TRUE(Passes(fa3::workspace_size(b, &more)));
+  EXPECT_GT(more, packed);
+  // Head dim 256 on the Hopper backward too; a negative softmax scale on the reference kernels.
+  b.fwd.cu_seqlens_q = b.fwd.cu_seqlens_k = nullptr;
+  b.fwd.head_dim_qk = b.fwd.head_dim_v = 256;
+  for (fa3_tensor* t : {&b.fwd.q, &b.fwd.k, &b.fwd.v, &b.fwd.out, &b.dout, &b.dq, &b.dk, &b.dv}) {
+    t->row_stride *= 2;
+    t->batch_stride *= 2;
+    t->head_stride *= 2;
+  }
+  ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
+  EXPECT_STREQ(name, "hopper");
+  b.fwd.softmax_scale = -0.1f;
   ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
   EXPECT_STREQ(name, "reference-gpu");
   EXPECT_TRUE(Invalid(fa3::kernel_name(b, nullptr), "name"));

@@ -24,7 +24,8 @@
  * (seqlen_* without cu_seqlens), page_table entries in [0, num_pages).  The up to 127 K/V rows
  * after a sequence's last used key (seqused_k, or the next sequence's rows) are read in its last
  * key block and given weight 0: they must hold finite values (NaN * 0 is NaN); rows past total_k or
- * past seqlen_k of a fixed-length batch are never read.
+ * past seqlen_k of a fixed-length batch are never read. The backward likewise reads the up to 63
+ * Q/dO rows after a sequence's last used query (weight 0): finite values there too.
  */
 #ifndef FA3_FA3_C_H_
 #define FA3_FA3_C_H_
@@ -152,7 +153,7 @@ FA3_API fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* params, size_t* 
  * and needs fa3_bwd_workspace_size() bytes of device scratch in params->workspace. deterministic = 0
  * accumulates dQ with fp32 reduce-adds in whatever order the key blocks finish; 1 orders them. */
 FA3_API fa3_status fa3_backward(const fa3_bwd_params* params, fa3_stream_t stream);
-/* "hopper" (the warp-specialised wgmma backward: fp16/bf16, fixed lengths, head dims <= 128) or
+/* "hopper" (the warp-specialised wgmma backward: fp16/bf16, head dims <= 256, a positive softmax scale) or
  * "reference-gpu" (the simple fp32 kernels that cover every backward feature). */
 FA3_API fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* params, const char** name);
 

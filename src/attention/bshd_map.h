@@ -36,6 +36,17 @@ inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataT
   return Status();
 }
 
+// Row and batch extents of the Q-side (Q, O, dO) and K-side (K, V) maps: packed varlen tensors
+// are one batch entry of total rows (each sequence starts at its cu_seqlens row, seqlen_info.cuh).
+struct MapExtents {
+  int q_rows, q_batch, k_rows, k_batch;
+};
+inline MapExtents map_extents(const fa3_fwd_params& a, bool varlen) {
+  const bool packed_q = varlen && a.cu_seqlens_q != nullptr, packed_k = varlen && a.cu_seqlens_k != nullptr;
+  return {packed_q ? a.total_q : a.seqlen_q, packed_q ? 1 : a.batch, packed_k ? a.total_k : a.seqlen_k,
+          packed_k ? 1 : a.batch};
+}
+
 inline Status sm_count(int* count) {
   int dev = 0;
   FA3_CUDA_TRY(cudaGetDevice(&dev));

@@ -1,6 +1,6 @@
 // The dQ writer: one elected lane of the producer warpgroup's warp 1 takes the consumers' staged
 // 64 x 64 dQ parts in the order they make them (BwdWalk; d128: both warpgroups' parts each step,
-// d64: the step's warpgroup) and reduce-adds each into the fp32 workspace with one
+// d64: the step's warpgroup, d256: two of each warpgroup) and reduce-adds each into the fp32 workspace with one
 // cp.reduce.async.bulk, off the consumers' path (FlashAttention-3 gives this to a warp of its own).
 // Deterministic mode: before a step's adds, the lane waits on the query block's semaphore for the
 // parts that come first (bwd_dq_adds_before), and releases the step's once its adds completed: when
@@ -21,9 +21,9 @@ struct BwdDqWriter {
   const BwdKernelParams& p;
   Smem smem;
 
-  // Deterministic mode: the semaphore of the last step's adds (one bulk group), released once they
-  // completed: `kOlder` = 1 waits only for the groups before the newest (the previous step's), so
-  // the writer never stalls on the adds it just issued.
+  // Deterministic mode: the semaphore of the last step's adds, released once they completed:
+  // `kOlder` = the groups of the current step waits only for those before them (the previous
+  // step's), so the writer never stalls on the adds it just issued.
   template <int kOlder>
   __device__ __forceinline__ static void release(const BwdKernelParams& p, int& pending) {
     if (pending < 0) return;
@@ -34,32 +34,37 @@ struct BwdDqWriter {
     pending = -1;
   }
 
-  __device__ void run(int n_block, int kv_head, int batch) const {
+  template <bool kVarlen>
+  __device__ void run(int n_block, int kv_head, const SeqlenInfo<kVarlen>& seq) const {
     if (!hopper::elect_one()) return;
-    const FwdKernelParams& f = p.fwd;
-    const SeqlenInfo<false> seq(f, batch);
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
-    constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim;
+    constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim, kBuffers = Cfg::kDqBuffers;
     constexpr uint32_t kPartBytes = Smem::kDqPartFloats * sizeof(float);
+    // Bulk groups a step commits: one for all its parts, or (a single staging buffer per
+    // warpgroup) one per part, each waited for before its buffer is released.
+    constexpr int kGroupsPerStep = kBuffers == 1 ? Cfg::kDqParts : 1;
     int pending = -1;
     auto cur = walk.begin();
     for (int it = 0; it < walk.steps; ++it, walk.advance(cur)) {
       const int m = walk.m_block(cur);
-      const int64_t bh = int64_t(batch) * f.heads_q + cur.head;
-      const int sem = int(bh * (p.seqlen_q_rounded / kM) + m);
-      // The warpgroup's k-th part (d128: one a step each; d64: every other step) is in buffer k % 2,
-      // phase k / 2 % 2 of its ring.
-      const int k = Cfg::kDqParts == 2 ? it : it >> 1;
-      hopper::PipelineState<2> st;
-      st.index = k & 1;
-      st.phase = (k >> 1) & 1;
+      const int64_t row0 = bwd_ws_row0(p, seq, cur.head);
+      const int sem = int(row0 / kM + m);
 #pragma unroll
-      for (int part = 0; part < Cfg::kDqParts; ++part) {
-        const int wg = Cfg::kDqParts == 2 ? part : (it & 1);
+      for (int q = 0; q < Cfg::kDqParts; ++q) {
+        // Part q of the step comes from warpgroup wg as its k-th staged part, in buffer k % kBuffers,
+        // phase k / kBuffers % 2 of its ring. d128: a part per warpgroup; d64: the step's
+        // warpgroup; split d: the warpgroups' two parts each, interleaved (0, 2, 1, 3).
+        const int wg = Cfg::kSplitD ? (q & 1) : Cfg::kDqParts == 2 ? q : (it & 1);
+        const int j = Cfg::kSplitD ? (q >> 1) : 0;
+        const int part = Cfg::kDqPartsPerWg * wg * (Cfg::kDqParts > 1) + j;
+        const int k = Cfg::kDqParts == 1 ? it >> 1 : Cfg::kDqPartsPerWg * it + j;
+        hopper::PipelineState<kBuffers> st;
+        st.index = k % kBuffers;
+        st.phase = (k / kBuffers) & 1;
         auto& ring = smem.bars().dq[wg];
         while (!hopper::ptx::mbarrier_try_wait_parity(&ring.full[st.index], st.phase))
           if (p.deterministic) release<0>(p, pending);  // idle anyway: let the next key block go
-        if (p.deterministic && part == 0) {
+        if (p.deterministic && q == 0) {
           const cuda::atomic_ref<int, cuda::thread_scope_device> count(p.dq_semaphore[sem]);
           const int want = bwd_dq_adds_before<Cfg>(n_block, m, seq, p);
           if (count.load(cuda::memory_order_acquire) < want) {
@@ -70,17 +75,29 @@ struct BwdDqWriter {
           }
           hopper::ptx::fence_proxy_async();  // the adds before ours (acquired) -> our bulk ops
         }
-        float* dst = p.dq_accum + (bh * p.seqlen_q_rounded + int64_t(m) * kM) * kD + part * Smem::kDqPartFloats;
+        float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + part * Smem::kDqPartFloats;
         hopper::ptx::cp_reduce_async_bulk(hopper::ptx::space_global, hopper::ptx::space_shared, hopper::ptx::op_add,
                                           dst, smem.dq(wg, st.index), kPartBytes);
+        if constexpr (kBuffers == 1) {
+          hopper::tma_store_commit();
+          hopper::tma_store_wait_read();  // its staging may be rewritten
+          ring.consumer_release(st);
+        }
       }
-      hopper::tma_store_commit();     // this step's adds: one bulk group
-      hopper::tma_store_wait_read();  // their staging may be rewritten
+      if constexpr (kBuffers > 1) {
+        hopper::tma_store_commit();     // this step's adds: one bulk group
+        hopper::tma_store_wait_read();  // their staging may be rewritten
 #pragma unroll
-      for (int part = 0; part < Cfg::kDqParts; ++part)
-        smem.bars().dq[Cfg::kDqParts == 2 ? part : (it & 1)].consumer_release(st);
+        for (int q = 0; q < Cfg::kDqParts; ++q) {
+          const int k = Cfg::kDqParts == 1 ? it >> 1 : it;
+          hopper::PipelineState<kBuffers> st;
+          st.index = k % kBuffers;
+          st.phase = (k / kBuffers) & 1;
+          smem.bars().dq[Cfg::kDqParts == 2 ? q : (it & 1)].consumer_release(st);
+        }
+      }
       if (p.deterministic) {
-        release<1>(p, pending);  // the previous step's group
+        release<kGroupsPerStep>(p, pending);  // the previous step's groups
         pending = sem;
       }
     }

@@ -1,4 +1,4 @@
-// The backward kernel's shell: one CTA per (key block, kv head, batch entry), a producer
+// The backward kernel's shell: one CTA per (key block, kv head, sequence), a producer
 // warpgroup (warp 0: the TMA lane; warp 1: the dQ writer lane) and two consumer warpgroups of 64
 // keys each; registers move from the
 // producer to the consumers as in the forward.
@@ -14,37 +14,44 @@ namespace fa3::attn {
 struct BwdLaunchShape {
   static constexpr int kThreads = 3 * hopper::kWarpgroupSize;
   // The consumers hold dK, dV, S^T, dP^T and P^T; the producer warpgroup runs two lanes (TMA, dQ writer),
-  // which spilled at 24. (168 - 32) x 128 covers (232 - 168) x 256.
-  static constexpr int kProducerRegs = 32, kConsumerRegs = 232;
+  // which spilled at 24 (fixed lengths) and at 32 (varlen d64: the sequence's offsets stay live).
+  // (168 - 40) x 128 covers (232 - 168) x 256 exactly.
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert((168 - kProducerRegs) * 128 >= (kConsumerRegs - 168) * 256, "setmaxnreg budget of one CTA per SM");
 };
 
 template <class Elem, class Cfg, class Feat>
 __global__ void __launch_bounds__(BwdLaunchShape::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelParams p) {
+  const SeqlenInfo<Feat::kVarlen> seq(p.fwd, int(blockIdx.z));
+  // Varlen: the grid covers the longest sequence's key blocks; a shorter one's CTAs past its keys
+  // leave (the whole CTA at once, before any barrier).
+  if (Feat::kVarlen && bwd_n_block(p) * Cfg::kBlockN >= seq.seqlen_k(p.fwd)) return;
   extern __shared__ uint8_t smem_raw[];
   const BwdSmem<Cfg> smem(smem_raw);
   auto& bars = smem.bars();
   if (threadIdx.x == 0) {
     hopper::mbarrier_init(&bars.kv, 1);
     bars.q.init(2 * hopper::kWarpgroupSize);  // every consumer thread releases a stage (bwd_mma.cuh)
+    if constexpr (Cfg::kDoStages != Cfg::kStages) bars.dout.init(2 * hopper::kWarpgroupSize);
     for (auto& ring : bars.dq)
-      for (int b = 0; b < 2; ++b) {
+      for (int b = 0; b < Cfg::kDqBuffers; ++b) {
         hopper::mbarrier_init(&ring.full[b], hopper::kWarpgroupSize);  // a warpgroup's threads stage
         hopper::mbarrier_init(&ring.empty[b], 1);                      // the writer's lane releases
       }
     hopper::mbarrier_init_fence();
   }
   __syncthreads();
-  const int n_block = bwd_n_block(p), kv_head = blockIdx.y, batch = blockIdx.z;
+  const int n_block = bwd_n_block(p), kv_head = blockIdx.y;
   const int wg = hopper::warpgroup_index();
   if (wg == 0) {
     hopper::setmaxnreg_dec<BwdLaunchShape::kProducerRegs>();
     const int warp = threadIdx.x / hopper::kWarpSize;
-    if (warp == 0) BwdLoad<Cfg>{p, smem}.run(n_block, kv_head, batch);
-    if (warp == 1) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, batch);
+    if (warp == 0) BwdLoad<Cfg>{p, smem}.run(n_block, kv_head, seq);
+    if (warp == 1) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, seq);
     return;
   }
   hopper::setmaxnreg_inc<BwdLaunchShape::kConsumerRegs>();
-  BwdConsumer<Elem, Cfg, Feat>(p, smem, wg - 1, int(threadIdx.x % hopper::kWarpgroupSize)).run(n_block, kv_head, batch);
+  BwdConsumer<Elem, Cfg, Feat>(p, smem, wg - 1, int(threadIdx.x % hopper::kWarpgroupSize)).run(n_block, kv_head, seq);
 }
 
 }  // namespace fa3::attn

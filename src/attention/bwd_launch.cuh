@@ -44,6 +44,10 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.block_m = Cfg::kBlockM;
   pp.head_dim_padded = Cfg::kHeadDim;
   pp.scale = f.scale;
+  pp.cu_seqlens_q = a.cu_seqlens_q;
+  pp.seqused_q = a.seqused_q;
+  pp.total_q = a.total_q;
+  pp.ws_rows = ws.rows;
   if (ws.seqlen_q_rounded > 0) {
     const dim3 grid((ws.seqlen_q_rounded + kPrepostWarps - 1) / kPrepostWarps, a.heads_q, a.batch);
     bwd_preprocess_kernel<Elem><<<grid, kPrepostWarps * 32, 0, stream>>>(pp);
@@ -53,11 +57,18 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   BwdKernelParams p{};
   FwdKernelParams& g = p.fwd;
   const int dqk = a.head_dim_qk, dv = a.head_dim_v;
-  FA3_TRY(make_bshd_map(&g.tma_q, "q", dtype, a.q, dqk, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
-  FA3_TRY(make_bshd_map(&g.tma_k, "k", dtype, a.k, dqk, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&g.tma_v, "v", dtype, a.v, dv, a.seqlen_k, a.heads_kv, a.batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&p.tma_do, "dout", dtype, b.dout, dv, a.seqlen_q, a.heads_q, a.batch, Cfg::kBlockM));
+  const MapExtents e = map_extents(a, Feat::kVarlen);
+  FA3_TRY(make_bshd_map(&g.tma_q, "q", dtype, a.q, dqk, e.q_rows, a.heads_q, e.q_batch, Cfg::kBlockM));
+  FA3_TRY(make_bshd_map(&g.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&g.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_do, "dout", dtype, b.dout, dv, e.q_rows, a.heads_q, e.q_batch, Cfg::kBlockM));
   set_problem_params(g, f, Feat::kSoftcap);
+  g.cu_seqlens_q = a.cu_seqlens_q;
+  g.cu_seqlens_k = a.cu_seqlens_k;
+  g.seqused_q = a.seqused_q;
+  g.seqused_k = a.seqused_k;
+  g.total_q = a.total_q;
+  p.ws_rows = ws.rows;
   p.dk = b.dk;
   p.dv = b.dv;
   p.lse2 = lse2;
@@ -75,6 +86,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   // Deterministic dQ order (bwd_params.h): masked problems walk their query blocks from the
   // diagonal, so later key blocks reach a query block first; unmasked ones all start at query
   // block 0 unless rotated, which needs every key block of a head resident at once (one CTA per SM).
+  // Varlen kernels are masked ones (a sequence's n_blocks differ: no rotation).
   p.dq_order = Feat::kMasked ? kDqOrderDecreasing
                : (n_blocks <= m_blocks && n_blocks <= sms) ? kDqOrderRotating : kDqOrderIncreasing;
   if (n_blocks > 0) {
@@ -94,7 +106,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
 }  // namespace fa3::attn
 
 // One explicit instantiation per generated file (see CMakeLists.txt).
-#define FA3_INSTANTIATE_BWD(DTYPE, MASKED, SOFTCAP, HEAD_DIM)                                              \
+#define FA3_INSTANTIATE_BWD(DTYPE, MASKED, SOFTCAP, VARLEN, HEAD_DIM)                                     \
   template fa3::Status fa3::attn::launch_bwd<DTYPE, fa3::attn::BwdConfig<HEAD_DIM>,                     \
-                                             fa3::attn::FwdFeatures<MASKED, SOFTCAP, false>>(               \
+                                             fa3::attn::FwdFeatures<MASKED, SOFTCAP, VARLEN>>(              \
       const fa3_bwd_params&, const fa3::detail::FwdProblem&, cudaStream_t);

@@ -7,6 +7,7 @@
 #include "fa3/fa3_c.h"
 #include "src/api/problem.h"
 #include "src/api/status.h"
+#include "src/attention/bwd_params.h"
 
 namespace fa3::attn {
 
@@ -14,11 +15,12 @@ namespace fa3::attn {
 // each holds); every section starts 256-byte aligned (bulk copies want 16).
 struct BwdWorkspace {
   size_t lse2 = 0, delta = 0, dq_accum = 0, dq_semaphore = 0, bytes = 0;
-  int seqlen_q_rounded = 0;
+  int seqlen_q_rounded = 0;  // the longest sequence's query blocks * block_m
+  BwdWorkspaceRows rows;     // where each (sequence, head) starts (bwd_params.h)
 };
 BwdWorkspace bwd_workspace_layout(const fa3_fwd_params& a, int block_m, int head_dim_padded);
 
-// kDtype: FA3_DTYPE_FP16 or FA3_DTYPE_BF16; Cfg: a BwdConfig; Feat: FwdFeatures (fixed lengths).
+// kDtype: FA3_DTYPE_FP16 or FA3_DTYPE_BF16; Cfg: a BwdConfig; Feat: FwdFeatures (varlen ones masked).
 template <int kDtype, class Cfg, class Feat>
 Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStream_t stream);
 

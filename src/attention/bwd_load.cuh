@@ -17,7 +17,8 @@ namespace fa3::attn {
 template <class Cfg>
 struct BwdWalk {
   int n_block, head0, m_min, blocks, first, steps;
-  __device__ __forceinline__ BwdWalk(int n, int kv_head, const SeqlenInfo<false>& seq, const BwdKernelParams& p) {
+  template <class Seq>
+  __device__ __forceinline__ BwdWalk(int n, int kv_head, const Seq& seq, const BwdKernelParams& p) {
     // The query blocks that see at least one of the block's keys, for each query head.
     const BlockRange r = query_block_range<Cfg::kBlockM, Cfg::kBlockN>(n, seq, p.fwd);
     n_block = n;
@@ -44,6 +45,14 @@ struct BwdWalk {
   }
 };
 
+// The first row of (the tile's sequence, query head) in lse2 / delta / dq_accum (BwdWorkspaceRows);
+// its query block m's semaphore is row0 / kBlockM + m.
+template <bool kVarlen>
+__device__ __forceinline__ int64_t bwd_ws_row0(const BwdKernelParams& p, const SeqlenInfo<kVarlen>& seq, int head) {
+  if constexpr (kVarlen) return p.ws_rows.row0(seq.batch, head, seq.q_row0());
+  else return (int64_t(seq.batch) * p.fwd.heads_q + head) * p.seqlen_q_rounded;
+}
+
 // The CTA's key block: with a descending or rotating dQ order, CTAs launch from the last key block,
 // so that a CTA waiting for a later key block's add never waits for one not yet launched.
 __device__ __forceinline__ int bwd_n_block(const BwdKernelParams& p) {
@@ -53,8 +62,8 @@ __device__ __forceinline__ int bwd_n_block(const BwdKernelParams& p) {
 
 // Deterministic mode: how many dQ parts of query block m must be added before key block n adds its
 // own (the order BwdDqOrder names).
-template <class Cfg>
-__device__ __forceinline__ int bwd_dq_adds_before(int n, int m, const SeqlenInfo<false>& seq, const BwdKernelParams& p) {
+template <class Cfg, class Seq>
+__device__ __forceinline__ int bwd_dq_adds_before(int n, int m, const Seq& seq, const BwdKernelParams& p) {
   int count;
   if (p.dq_order == kDqOrderRotating) {
     // Key block n starts at m0(n) = n M / N; query block m sees first the largest k with
@@ -75,13 +84,13 @@ struct BwdLoad {
   const BwdKernelParams& p;
   Smem smem;
 
-  __device__ void run(int n_block, int kv_head, int batch) const {
+  template <bool kVarlen>
+  __device__ void run(int n_block, int kv_head, const SeqlenInfo<kVarlen>& seq) const {
     if (!hopper::elect_one()) return;
     const FwdKernelParams& f = p.fwd;
     auto& bars = smem.bars();
     hopper::tma_prefetch_map(&f.tma_q);
     hopper::tma_prefetch_map(&p.tma_do);
-    const SeqlenInfo<false> seq(f, batch);
     const int key_row = seq.k_row0() + n_block * Cfg::kBlockN;
     hopper::mbarrier_arrive_expect_tx(&bars.kv, 2 * Smem::KTile::kBytes);
     hopper::tma_load_tile<typename Smem::KTile>(&f.tma_k, smem.k(), key_row, kv_head, seq.k_batch(f), &bars.kv);
@@ -89,25 +98,37 @@ struct BwdLoad {
 
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
     constexpr uint32_t kRowBytes = Cfg::kBlockM * sizeof(float);
+    constexpr bool kDoRing = Cfg::kDoStages != Cfg::kStages;  // dO and D in a ring of their own
     hopper::PipelineState<Cfg::kStages> st;
+    hopper::PipelineState<Cfg::kDoStages> st_do;
     auto cur = walk.begin();
     for (int it = 0; it < walk.steps; ++it, walk.advance(cur)) {
       const int h = cur.head, m = walk.m_block(cur);
-      const int64_t rows = (int64_t(batch) * f.heads_q + h) * p.seqlen_q_rounded;
-      {
-        bars.q.producer_acquire(st);
-        uint64_t* full = &bars.q.full[st.index];
-        hopper::mbarrier_arrive_expect_tx(full, 2 * Smem::QTile::kBytes + 2 * kRowBytes);
-        const int q_row = seq.q_row0() + m * Cfg::kBlockM;
-        hopper::tma_load_tile<typename Smem::QTile>(&f.tma_q, smem.q(st.index), q_row, h, seq.q_batch(f), full);
-        hopper::tma_load_tile<typename Smem::QTile>(&p.tma_do, smem.dout(st.index), q_row, h, seq.q_batch(f), full);
-        const int64_t row0 = rows + int64_t(m) * Cfg::kBlockM;
+      const int64_t row0 = bwd_ws_row0(p, seq, h) + int64_t(m) * Cfg::kBlockM;
+      const int q_row = seq.q_row0() + m * Cfg::kBlockM;
+      bars.q.producer_acquire(st);
+      uint64_t* full = &bars.q.full[st.index];
+      hopper::mbarrier_arrive_expect_tx(full, (kDoRing ? 1 : 2) * (Smem::QTile::kBytes + kRowBytes));
+      hopper::tma_load_tile<typename Smem::QTile>(&f.tma_q, smem.q(st.index), q_row, h, seq.q_batch(f), full);
+      // dO and D go into the Q ring's stage, or (kDoRing) into the dO ring's, whose single stage
+      // the consumers free after the step's dV GEMM.
+      int do_stage = st.index;
+      if constexpr (kDoRing) {
         hopper::ptx::cp_async_bulk(hopper::ptx::space_shared, hopper::ptx::space_global, smem.lse2(st.index),
                                    p.lse2 + row0, kRowBytes, full);
-        hopper::ptx::cp_async_bulk(hopper::ptx::space_shared, hopper::ptx::space_global, smem.delta(st.index),
-                                   p.delta + row0, kRowBytes, full);
-        st.advance();
+        bars.dout.producer_acquire(st_do);
+        full = &bars.dout.full[st_do.index];
+        hopper::mbarrier_arrive_expect_tx(full, Smem::QTile::kBytes + kRowBytes);
+        do_stage = st_do.index;
+        st_do.advance();
       }
+      hopper::tma_load_tile<typename Smem::QTile>(&p.tma_do, smem.dout(do_stage), q_row, h, seq.q_batch(f), full);
+      if constexpr (!kDoRing)
+        hopper::ptx::cp_async_bulk(hopper::ptx::space_shared, hopper::ptx::space_global, smem.lse2(st.index),
+                                   p.lse2 + row0, kRowBytes, full);
+      hopper::ptx::cp_async_bulk(hopper::ptx::space_shared, hopper::ptx::space_global, smem.delta(do_stage),
+                                 p.delta + row0, kRowBytes, full);
+      st.advance();
     }
   }
 };

@@ -1,16 +1,20 @@
-// A consumer warpgroup of the backward: 64 keys of the CTA's block, their dK and dV in registers
-// across every query block the producer streams. One step per query block (FlashAttention-2's
-// backward, with the transposes Hopper wants: rows are keys, so S^T and dP^T come straight out of
-// wgmma with M = 64 keys, P^T feeds dV from registers and dS^T, stored once, both dK and dQ):
+// A consumer warpgroup of the backward: 64 keys of the CTA's block, their dK and dV (split d: half
+// of their columns) in registers across every query block the producer streams. One step per query
+// block (FlashAttention-2's backward, with the transposes Hopper wants: rows are keys, so S^T and
+// dP^T come straight out of wgmma with M = 64 keys, P^T feeds dV from registers and dS^T, stored
+// once, both dK and dQ; split d, bwd_config.h: each warpgroup's S^T / dP^T cover half the queries,
+// and P^T goes through shared memory too):
 //   S^T  = K Q^T           (SS)       P^T  = exp2(S^T * scale_log2 - LSE2)   [softcap: tanh first]
 //   dP^T = V dO^T          (SS)       dS^T = P^T * (dP^T - D) [* (1 - tanh^2)]
-//   dV  += P^T dO          (RS)       dK  += dS^T Q   (SS: dS^T from shared memory, K-major)
+//   dV  += P^T dO          (RS; split d: SS)  dK  += dS^T Q   (SS: dS^T from shared memory, K-major)
 //   dQ   = dS K            (SS: dS^T from shared memory as an M-major A, K as an N-major B), in
 //                          64 x 64 parts (bwd_config.h), staged for the dQ writer warp, which
 //                          reduce-adds each into the fp32 workspace by one bulk copy.
-// The softmax scale multiplies dK at the end and dQ in the postprocess. Tails need no mask: rows
-// past a length are zero-filled by TMA (K_j = V_j = 0, Q_i = dO_i = 0) and have LSE2 = +inf, so
-// whatever they add lands in rows nobody stores or is multiplied by zero.
+// The softmax scale multiplies dK at the end and dQ in the postprocess. Query rows past the
+// sequence have LSE2 = +inf (the preprocess), so their P and dS are 0 whatever Q and dO hold there.
+// Key rows past it: fixed lengths need no mask, TMA zero-fills them (K_j = V_j = 0, so the dQ they
+// would add is 0 and their dK/dV rows are not stored); varlen reads real rows there (the next
+// packed sequence, or past seqused_k), so the last key block masks them to P = 0.
 #pragma once
 #include <climits>
 #include <cmath>
@@ -29,19 +33,25 @@ namespace fa3::attn {
 
 template <class Elem, class Cfg, class Feat>
 struct BwdConsumer {
-  static_assert(!Feat::kVarlen, "the Hopper backward runs fixed-length batches (varlen: the reference kernel)");
+  // Varlen kernels always take the masked path: their key tails need the mask anyway.
+  static_assert(!Feat::kVarlen || Feat::kMasked, "varlen backward instantiations are masked ones");
+  using Seq = SeqlenInfo<Feat::kVarlen>;
   using Mma = hopper::Mma16<Elem>;
   using Smem = BwdSmem<Cfg>;
   using KTile = typename Smem::KTile;
   using QTile = typename Smem::QTile;
   using DsTile = typename Smem::DsTile;
   static constexpr int kD = Cfg::kHeadDim, kM = Cfg::kBlockM, kN = Cfg::kBlockN, kK = Mma::kK;
+  // This warpgroup's S^T / dP^T columns (queries) and dK / dV columns (bwd_config.h).
+  static constexpr int kQ = Cfg::kWgQueries, kDkv = Cfg::kDkvCols;
+  static constexpr bool kSplitD = Cfg::kSplitD, kDoRing = Cfg::kDoStages != Cfg::kStages;
 
   const BwdKernelParams& p;
   Smem smem;
-  int consumer, thread;  // warpgroup 0/1 of the consumers (keys 64c .. 64c+63 of the block); 0..127
-  float dk[kD / 2], dv[kD / 2];
-  hopper::PipelineState<2> dq_st;  // this warpgroup's dQ staging ring (bwd_dq_writer.cuh)
+  int consumer, thread;  // warpgroup 0/1 of the consumers; 0..127
+  float dk[kDkv / 2], dv[kDkv / 2];
+  hopper::PipelineState<Cfg::kDqBuffers> dq_st;  // this warpgroup's dQ staging ring (bwd_dq_writer.cuh)
+  hopper::PipelineState<Cfg::kDoStages> do_st;   // kDoRing: the dO ring
 
   __device__ __forceinline__ BwdConsumer(const BwdKernelParams& params, Smem s, int c, int t)
       : p(params), smem(s), consumer(c), thread(t) {}
@@ -53,17 +63,17 @@ struct BwdConsumer {
     hopper::named_barrier_sync_unaligned(id, threads);
   }
 
-  // This thread's first key row of the block (its second is 8 further) and first query column.
+  // This thread's first key row of the block (its second is 8 further), first query column of the
+  // block (S^T, dP^T), and first column of its accumulator fragments.
   __device__ __forceinline__ int key_row0(int n_block) const {
-    return n_block * kN + 64 * consumer + 16 * (thread / 32) + (thread % 32) / 4;
+    return n_block * kN + Cfg::kWgKeyOffset * consumer + 16 * (thread / 32) + (thread % 32) / 4;
   }
-  __device__ __forceinline__ int col0() const { return 2 * (thread % 4); }
+  __device__ __forceinline__ int col0() const { return Cfg::kWgQueryOffset * consumer + acc_col0(); }
+  __device__ __forceinline__ int acc_col0() const { return 2 * (thread % 4); }
 
-  __device__ void run(int n_block, int kv_head, int batch) {
-    const FwdKernelParams& f = p.fwd;
+  __device__ void run(int n_block, int kv_head, const Seq& seq) {
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
-    const SeqlenInfo<false> seq(f, batch);
+    for (int i = 0; i < kDkv / 2; ++i) dk[i] = dv[i] = 0.f;
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
     hopper::mbarrier_wait(&smem.bars().kv, 0);
     hopper::PipelineState<Cfg::kStages> st;
@@ -74,13 +84,13 @@ struct BwdConsumer {
     const int steps = walk.steps;
     auto cur = walk.begin();
     auto at = [&](int it, auto dq_here) {
-      step<decltype(dq_here)::value>(n_block, walk.m_block(cur), cur.head, batch, seq, st, it);
+      step<decltype(dq_here)::value>(n_block, walk.m_block(cur), seq, st, it);
       st.advance();
       walk.advance(cur);
     };
     using Yes = std::true_type;
     using No = std::false_type;
-    if constexpr (Cfg::kDqParts == 2) {
+    if constexpr (Cfg::kDqParts >= 2) {
       for (int it = 0; it < steps; ++it) at(it, Yes{});
     } else if (consumer == 0) {
       for (int it = 0; it < steps; it += 2) {
@@ -93,43 +103,58 @@ struct BwdConsumer {
         if (it + 1 < steps) at(it + 1, Yes{});
       }
     }
-    store_dkdv(n_block, kv_head, batch, seq);
+    store_dkdv(n_block, kv_head, seq);
   }
 
  private:
-  // True when every (key, query) pair of this warpgroup's 64 keys and query block m is visible.
-  __device__ __forceinline__ bool fully_visible(int n_block, int m, const SeqlenInfo<false>& seq) const {
+  // True when every (key, query) pair of this warpgroup's 64 keys and query block m is visible
+  // (varlen: and every key is the sequence's).
+  __device__ __forceinline__ bool fully_visible(int n_block, int m, const Seq& seq) const {
     const FwdKernelParams& f = p.fwd;
     const int off = seq.seqlen_k(f) - seq.seqlen_q(f);
-    const int j_lo = n_block * kN + 64 * consumer, j_hi = j_lo + 63, i_lo = m * kM, i_hi = i_lo + kM - 1;
+    const int j_lo = n_block * kN + Cfg::kWgKeyOffset * consumer, j_hi = j_lo + 63;
+    const int i_lo = m * kM + Cfg::kWgQueryOffset * consumer, i_hi = i_lo + kQ - 1;
     return (f.window_right < 0 || j_hi <= i_lo + off + f.window_right) &&
-           (f.window_left < 0 || j_lo >= i_hi + off - f.window_left);
+           (f.window_left < 0 || j_lo >= i_hi + off - f.window_left) && (!Feat::kVarlen || j_hi < seq.seqlen_k(f));
   }
 
-  // acc = (this warpgroup's 64 rows of the key-block tile at `keys`) x (the query block at
-  // `block`)^T over the head dim, both K-major: one committed group (S^T = K Q^T, dP^T = V dO^T).
-  __device__ __forceinline__ void issue_rows_times_block(float (&acc)[kM / 2], const uint8_t* keys, uint32_t block) const {
-    const uint64_t a = hopper::make_smem_desc(hopper::smem_u32(keys) + KTile::row_offset(64 * consumer), KTile::kKMajorLbo,
-                                              KTile::kKMajorSbo);
-    const uint64_t b = hopper::make_smem_desc(block, QTile::kKMajorLbo, QTile::kKMajorSbo);
+  // acc = (this warpgroup's 64 rows of the key-block tile at `keys`) x (its kQ rows of the query
+  // block at `block`)^T over the head dim, both K-major: one committed group (S^T = K Q^T,
+  // dP^T = V dO^T).
+  __device__ __forceinline__ void issue_rows_times_block(float (&acc)[kQ / 2], const uint8_t* keys, uint32_t block) const {
+    const uint64_t a = hopper::make_smem_desc(hopper::smem_u32(keys) + KTile::row_offset(Cfg::kWgKeyOffset * consumer),
+                                              KTile::kKMajorLbo, KTile::kKMajorSbo);
+    const uint64_t b = hopper::make_smem_desc(block + QTile::row_offset(Cfg::kWgQueryOffset * consumer),
+                                              QTile::kKMajorLbo, QTile::kKMajorSbo);
 #pragma unroll
     for (int kk = 0; kk < kD / kK; ++kk)
-      Mma::template Op<kM>::template ss<0>(acc, hopper::desc_advance(a, KTile::template k_chunk_offset<kK>(kk)),
+      Mma::template Op<kQ>::template ss<0>(acc, hopper::desc_advance(a, KTile::template k_chunk_offset<kK>(kk)),
                                            hopper::desc_advance(b, QTile::template k_chunk_offset<kK>(kk)), kk > 0);
     hopper::wgmma_commit();
   }
 
+  // Four 16-bit A-fragment registers (a 64 x 16 block: this warpgroup's keys x 16 of its queries)
+  // into a keys x queries tile (dS^T, P^T) by one stmatrix: k-block kb of this warpgroup's columns.
+  __device__ __forceinline__ void store_fragment(uint8_t* tile, int kb, const uint32_t (&r)[4]) const {
+    const int lane = thread % 32, mi = lane / 8;
+    const int row = Cfg::kWgKeyOffset * consumer + (thread / 32) * 16 + lane % 8 + 8 * (mi & 1);
+    const int col = Cfg::kWgQueryOffset * consumer + 16 * kb + 8 * (mi >> 1);
+    hopper::stmatrix_x4(hopper::smem_u32(tile) + DsTile::offset(row, col), r[0], r[1], r[2], r[3]);
+  }
+
   // kDqHere: this warpgroup computes (and adds) a dQ part of this step.
   template <bool kDqHere>
-  __device__ void step(int n_block, int m, int h, int batch, const SeqlenInfo<false>& seq,
-                       hopper::PipelineState<Cfg::kStages>& st, int it) {
+  __device__ void step(int n_block, int m, const Seq& seq, hopper::PipelineState<Cfg::kStages>& st, int it) {
     const int buf = it & 1;
     auto& ring = smem.bars().q;
     ring.consumer_wait(st);
-    const uint32_t q_addr = hopper::smem_u32(smem.q(st.index)), do_addr = hopper::smem_u32(smem.dout(st.index));
-    float s[kM / 2], dp[kM / 2];
+    const int do_stage = kDoRing ? do_st.index : st.index;  // where dO and D of this step are
+    const uint32_t q_addr = hopper::smem_u32(smem.q(st.index)), do_addr = hopper::smem_u32(smem.dout(do_stage));
+    float s[kQ / 2], dp[kQ / 2];
 
-    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 rows of K / V, K-major like Q / dO.
+    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 rows of K / V, K-major like Q / dO. (The
+    // dO ring's wait comes first: a spin loop between two wgmma issues makes ptxas fence them.)
+    if constexpr (kDoRing) smem.bars().dout.consumer_wait(do_st);
     hopper::wgmma_fence();
     issue_rows_times_block(s, smem.k(), q_addr);
     issue_rows_times_block(dp, smem.v(), do_addr);
@@ -138,22 +163,24 @@ struct BwdConsumer {
 
     // P^T (bf16 fragments for dV) and, kept in s, P^T * dscore for dS^T. Only tiles that are not
     // fully visible pay for the mask (a runtime test per element made d64 causal 1.75x slower).
-    uint32_t pa[kM / kK][4];
+    uint32_t pa[kQ / kK][4];
     if (Feat::kMasked && !fully_visible(n_block, m, seq)) probabilities<true>(s, pa, st.index, n_block, m, seq);
     else probabilities<false>(s, pa, st.index, n_block, m, seq);
+    // Split d: the other warpgroup's dV columns need this P^T too.
+    if constexpr (kSplitD) {
+#pragma unroll
+      for (int kb = 0; kb < kQ / kK; ++kb) store_fragment(smem.p(buf), kb, pa[kb]);
+    }
     hopper::wgmma_wait<0>();
     hopper::fence_operand(dp);
 
-    // dS^T = P^T (dP^T - D), straight into shared memory (this warpgroup's 64 rows), one 16-column
-    // k-block (an A fragment's four registers, one stmatrix) at a time: dK and dQ both read it from
-    // there, so it never occupies registers whole (d64's 128-query blocks spilled with it).
+    // dS^T = P^T (dP^T - D), straight into shared memory (this warpgroup's rows and columns), one
+    // 16-column k-block (an A fragment's four registers, one stmatrix) at a time: dK and dQ both
+    // read it from there, so it never occupies registers whole (d64's 128-query blocks spilled with it).
     {
-      const int lane = thread % 32, mi = lane / 8;
-      const int row = 64 * consumer + (thread / 32) * 16 + lane % 8 + 8 * (mi & 1);
-      const uint32_t base = hopper::smem_u32(smem.ds(buf));
-      const uint32_t delta = hopper::smem_u32(smem.delta(st.index));
+      const uint32_t delta = hopper::smem_u32(smem.delta(do_stage));
 #pragma unroll
-      for (int kb = 0; kb < kM / kK; ++kb) {
+      for (int kb = 0; kb < kQ / kK; ++kb) {
         uint32_t da[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -161,73 +188,111 @@ struct BwdConsumer {
           const float2 d = hopper::ld_shared_f32x2(delta + 4 * (hopper::acc_col(i) + col0()));  // columns c, c + 1
           da[r] = Mma::pack(s[i] * (dp[i] - d.x), s[i + 1] * (dp[i + 1] - d.y));
         }
-        hopper::stmatrix_x4(base + DsTile::offset(row, 16 * kb + 8 * (mi >> 1)), da[0], da[1], da[2], da[3]);
+        store_fragment(smem.ds(buf), kb, da);
       }
     }
     hopper::fence_view_async_shared();
     consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
 
-    // dV += P^T dO (A from registers), dK += dS^T Q (A = this warpgroup's rows of dS^T, K-major);
-    // B = dO / Q rows as N-major operands.
+    // dV += P^T dO (A from registers; split d: P^T's 64 x 64 from shared memory), dK += dS^T Q
+    // (A = this warpgroup's rows of dS^T, K-major); B = dO / Q rows as N-major operands, this
+    // warpgroup's dK / dV columns (their panels).
     hopper::fence_operand(dv);
     hopper::fence_operand(dk);
     hopper::wgmma_fence();
     {
-      const uint64_t bdo = hopper::make_smem_desc(do_addr, QTile::kNMajorLbo, QTile::kNMajorSbo);
-      const uint64_t bq = hopper::make_smem_desc(q_addr, QTile::kNMajorLbo, QTile::kNMajorSbo);
-      const uint64_t ads = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)) + DsTile::row_offset(64 * consumer),
-                                                  DsTile::kKMajorLbo, DsTile::kKMajorSbo);
+      constexpr int kPanel0 = kDkv / 64;  // this warpgroup's first column panel is kPanel0 * consumer
+      const uint64_t bdo = hopper::make_smem_desc(do_addr + QTile::panel_offset(kPanel0 * consumer) * kSplitD,
+                                                  QTile::kNMajorLbo, QTile::kNMajorSbo);
+      const uint64_t bq = hopper::make_smem_desc(q_addr + QTile::panel_offset(kPanel0 * consumer) * kSplitD,
+                                                 QTile::kNMajorLbo, QTile::kNMajorSbo);
+      const uint64_t ads = hopper::make_smem_desc(
+          hopper::smem_u32(smem.ds(buf)) + DsTile::row_offset(Cfg::kWgKeyOffset * consumer), DsTile::kKMajorLbo,
+          DsTile::kKMajorSbo);
+      if constexpr (kSplitD) {
+        const uint64_t ap = hopper::make_smem_desc(hopper::smem_u32(smem.p(buf)), DsTile::kKMajorLbo, DsTile::kKMajorSbo);
 #pragma unroll
-      for (int kb = 0; kb < kM / kK; ++kb)
-        Mma::template Op<kD>::template rs<1>(dv, pa[kb], hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
+        for (int kb = 0; kb < kM / kK; ++kb)
+          Mma::template Op<kDkv>::template ss<1>(dv, hopper::desc_advance(ap, DsTile::template k_chunk_offset<kK>(kb)),
+                                                 hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
+      } else {
+#pragma unroll
+        for (int kb = 0; kb < kM / kK; ++kb)
+          Mma::template Op<kD>::template rs<1>(dv, pa[kb], hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
+      }
       hopper::wgmma_commit();
 #pragma unroll
       for (int kb = 0; kb < kM / kK; ++kb)
-        Mma::template Op<kD>::template ss<1>(dk, hopper::desc_advance(ads, DsTile::template k_chunk_offset<kK>(kb)),
-                                             hopper::desc_advance(bq, QTile::template row_chunk_offset<kK>(kb)), 1);
+        Mma::template Op<kDkv>::template ss<1>(dk, hopper::desc_advance(ads, DsTile::template k_chunk_offset<kK>(kb)),
+                                               hopper::desc_advance(bq, QTile::template row_chunk_offset<kK>(kb)), 1);
       hopper::wgmma_commit();
     }
 
-    // dQ part `part` (columns 64 part ..): d128 each warpgroup its own, d64 the step's warpgroup.
-    const int part = Cfg::kDqParts == 2 ? consumer : 0;
-    float dq[32];
+    // dQ parts (columns 64 part ..): d128 each warpgroup its own, d64 the step's warpgroup, split d
+    // two per warpgroup (2c, 2c + 1).
+    float dq[Cfg::kDqPartsPerWg][32];
     if constexpr (kDqHere) {
       // A = dS (queries x keys) read M-major from dS^T; B = K (keys x d) N-major, from its panel.
       const uint64_t ad = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)), DsTile::kNMajorLbo, DsTile::kNMajorSbo);
-      const uint64_t bd = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::panel_offset(part),
-                                                 KTile::kNMajorLbo, KTile::kNMajorSbo);
 #pragma unroll
-      for (int kk = 0; kk < kN / kK; ++kk)
-        Mma::template Op<64>::template ss<1, 1>(dq, hopper::desc_advance(ad, DsTile::template row_chunk_offset<kK>(kk)),
-                                                hopper::desc_advance(bd, KTile::template row_chunk_offset<kK>(kk)), kk > 0);
-      hopper::wgmma_commit();
+      for (int j = 0; j < Cfg::kDqPartsPerWg; ++j) {
+        const int part = Cfg::kDqParts >= 2 ? Cfg::kDqPartsPerWg * consumer + j : 0;
+        const uint64_t bd = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::panel_offset(part),
+                                                   KTile::kNMajorLbo, KTile::kNMajorSbo);
+#pragma unroll
+        for (int kk = 0; kk < kN / kK; ++kk)
+          Mma::template Op<64>::template ss<1, 1>(dq[j], hopper::desc_advance(ad, DsTile::template row_chunk_offset<kK>(kk)),
+                                                  hopper::desc_advance(bd, KTile::template row_chunk_offset<kK>(kk)), kk > 0);
+        hopper::wgmma_commit();
+      }
+    }
+    if constexpr (kDoRing) {
+      static_assert(kSplitD && Cfg::kDqPartsPerWg == 2, "the dO ring's early release assumes split d's two dQ parts");
+      // The dV GEMM (the oldest group) was the last to read dO: its single stage goes back to the
+      // producer while dK and dQ still run.
+      hopper::wgmma_wait<1 + Cfg::kDqPartsPerWg>();
+      hopper::fence_operand(dv);
+      smem.bars().dout.consumer_release(do_st);
+      do_st.advance();
+      // Staging the first part while the second's GEMM runs.
+      hopper::wgmma_wait<Cfg::kDqPartsPerWg - 1>();
+      hopper::fence_operand(dq[0]);
+      stage_dq(dq[0]);
     }
     hopper::wgmma_wait<0>();
-    if constexpr (kDqHere) hopper::fence_operand(dq);
+    if constexpr (kDqHere) {
+#pragma unroll
+      for (int j = 0; j < Cfg::kDqPartsPerWg; ++j) hopper::fence_operand(dq[j]);
+    }
     hopper::fence_operand(dv);
     hopper::fence_operand(dk);
     // Every read of the stage is done. Every thread arrives: an arrive orders only the arriving
     // thread's own reads (LSE2 and D) before the producer's next bulk copy into the stage.
     ring.consumer_release(st);
-    if constexpr (kDqHere) stage_dq(dq);
+    if constexpr (kDqHere) {
+#pragma unroll
+      for (int j = kDoRing ? 1 : 0; j < Cfg::kDqPartsPerWg; ++j) stage_dq(dq[j]);
+    }
   }
 
   // s (S^T) -> P^T: the bf16 fragments pa for dV, and P^T * dscore back in s for dS^T. Hidden
   // pairs (kMask) get P = 0: key j of query q is visible iff off - left <= j - q <= off + right,
-  // and j - q is this thread's (j0 - q0) plus a per-register constant.
+  // and j - q is this thread's (j0 - q0) plus a per-register constant; varlen also hides keys
+  // j >= seqlen_k, i.e. register rows at or past seqlen_k - j0.
   template <bool kMask>
-  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], uint32_t (&pa)[kM / kK][4], int stage, int n_block,
-                                                int m, const SeqlenInfo<false>& seq) const {
+  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], uint32_t (&pa)[kQ / kK][4], int stage, int n_block,
+                                                int m, const Seq& seq) const {
     const FwdKernelParams& f = p.fwd;
     const uint32_t lse2 = hopper::smem_u32(smem.lse2(stage));
-    int lo = 0, hi = 0;
+    int lo = 0, hi = 0, keys_left = 0;
     if constexpr (kMask) {
       const int off = seq.seqlen_k(f) - seq.seqlen_q(f), base = key_row0(n_block) - (m * kM + col0());
       lo = f.window_left >= 0 ? off - f.window_left - base : INT_MIN / 2;
       hi = f.window_right >= 0 ? off + f.window_right - base : INT_MAX / 2;
+      keys_left = seq.seqlen_k(f) - key_row0(n_block);
     }
 #pragma unroll
-    for (int i = 0; i < kM / 2; i += 2) {
+    for (int i = 0; i < kQ / 2; i += 2) {
       const float2 l = hopper::ld_shared_f32x2(lse2 + 4 * (hopper::acc_col(i) + col0()));  // columns c, c + 1
       float pr[2];
 #pragma unroll
@@ -240,7 +305,7 @@ struct BwdConsumer {
         pr[e] = hopper::exp2_approx(fmaf(x, f.scale_log2, -(e ? l.y : l.x)));
         if constexpr (kMask) {
           const int rel = hopper::acc_row(i + e) - hopper::acc_col(i + e);
-          if (rel < lo || rel > hi) pr[e] = 0.f;
+          if (rel < lo || rel > hi || (Feat::kVarlen && hopper::acc_row(i + e) >= keys_left)) pr[e] = 0.f;
         }
         s[i + e] = pr[e] * dscore;
       }
@@ -264,16 +329,17 @@ struct BwdConsumer {
 
   // dK = scale * dK, dV: converted, 4-byte stores of column pairs; rows past seqlen_k and columns
   // past the head dims are not written.
-  __device__ void store_dkdv(int n_block, int kv_head, int batch, const SeqlenInfo<false>& seq) const {
+  __device__ void store_dkdv(int n_block, int kv_head, const Seq& seq) const {
     const FwdKernelParams& f = p.fwd;
     const int j0 = key_row0(n_block);
     auto base = [&](const fa3_tensor& t) {
-      return static_cast<Elem*>(t.data) + int64_t(batch) * t.batch_stride + int64_t(kv_head) * t.head_stride;
+      return static_cast<Elem*>(t.data) + int64_t(seq.k_batch(f)) * t.batch_stride +
+             int64_t(seq.k_row0()) * t.row_stride + int64_t(kv_head) * t.head_stride;
     };
     Elem *dk_base = base(p.dk), *dv_base = base(p.dv);
 #pragma unroll
-    for (int i = 0; i < kD / 2; i += 2) {
-      const int j = j0 + hopper::acc_row(i), c = hopper::acc_col(i) + col0();
+    for (int i = 0; i < kDkv / 2; i += 2) {
+      const int j = j0 + hopper::acc_row(i), c = kDkv * consumer * kSplitD + hopper::acc_col(i) + acc_col0();
       if (j >= seq.seqlen_k(f)) continue;
       if (c < f.head_dim_qk)
         *reinterpret_cast<uint32_t*>(dk_base + int64_t(j) * p.dk.row_stride + c) =

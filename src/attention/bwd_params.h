@@ -9,9 +9,26 @@
 
 namespace fa3::attn {
 
-// Workspace of the Hopper backward (bwd_workspace_layout places it), per (batch, query head):
-//  - lse2, delta: [seqlen_q rounded up to kBlockM] fp32: LSE * log2(e) (+inf for rows past the
-//    sequence or without a visible key, so that their P is 0) and D = rowsum(dO * O) (0 there);
+// Where the rows of (sequence b, query head h) start in the backward's per-query-row scratch
+// (lse2, delta, dq_accum; the semaphores are one per kBlockM of those rows), each sequence's in
+// whole kBlockM blocks:
+//  - fixed lengths, or seqused_q without packing: [batch][heads_q][seqlen_q rounded up];
+//  - packed Q (cu_seqlens_q): [heads_q][packed_rows], sequence b at
+//    floor((cu_seqlens_q[b] + b kBlockM) / kBlockM) kBlockM: blocks start aligned, and the next
+//    sequence starts at least ceil(len_b / kBlockM) blocks later, so no two sequences share a
+//    block; packed_rows = total_q + batch kBlockM rounded up to kBlockM bounds them all.
+struct BwdWorkspaceRows {
+  int heads_q, seqlen_q_rounded, block_m;
+  int64_t packed_rows;  // packed Q: rows per head; 0 otherwise
+  __host__ __device__ __forceinline__ int64_t row0(int b, int h, int q_row0) const {
+    if (packed_rows == 0) return (int64_t(b) * heads_q + h) * seqlen_q_rounded;
+    return int64_t(h) * packed_rows + (int64_t(q_row0) + int64_t(b) * block_m) / block_m * block_m;
+  }
+};
+
+// Workspace of the Hopper backward (bwd_workspace_layout places it), rows as BwdWorkspaceRows:
+//  - lse2, delta: fp32 per query row: LSE * log2(e) (+inf for rows past the sequence or without
+//    a visible key, so that their P is 0) and D = rowsum(dO * O) (0 there);
 //  - dq_accum: [m-blocks][kBlockM * d] fp32, each block's two 64 x 64 parts in the accumulator's
 //    register order (bwd_mma.cuh: element (register i, thread t) at i * 128 + t), so that a
 //    warpgroup stages and reduce-adds it without bank conflicts and as one contiguous bulk copy;
@@ -38,6 +55,8 @@ struct BwdKernelParams {
   // CTA n starts its walk at m-block n * M / N and wraps, CTAs launched from the last key block).
   int dq_order;
   int num_n_blocks;
+  // Varlen (kept last: the fixed-length kernels' parameter offsets stay as they were).
+  BwdWorkspaceRows ws_rows;
 };
 enum BwdDqOrder : int { kDqOrderIncreasing = 0, kDqOrderDecreasing = 1, kDqOrderRotating = 2 };
 
@@ -52,6 +71,11 @@ struct BwdPrepostParams {
   int heads_q, seqlen_q, seqlen_q_rounded, head_dim_qk, head_dim_v;
   int block_m, head_dim_padded;  // the main kernel's tile (dq_accum's layout)
   float scale;
+  // Varlen: the API's arrays (any of them null), total_q (LSE's row count with cu_seqlens_q).
+  const int* cu_seqlens_q;
+  const int* seqused_q;
+  int total_q;
+  BwdWorkspaceRows ws_rows;
 };
 
 }  // namespace fa3::attn

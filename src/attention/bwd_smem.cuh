@@ -11,31 +11,35 @@ namespace fa3::attn {
 template <class Cfg>
 struct BwdSmem {
   static constexpr int kD = Cfg::kHeadDim, kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
+  static constexpr int kDoStages = Cfg::kDoStages;
   using KTile = hopper::SmemTile16<kN, kD>;   // K and V of the CTA's key block
   using QTile = hopper::SmemTile16<kM, kD>;   // Q and dO of a query block
-  using DsTile = hopper::SmemTile16<kN, kM>;  // dS^T: rows keys, columns queries (dQ's M-major A)
-  static constexpr int kDqPartFloats = 64 * 64;  // one warpgroup's dQ part (bwd_config.h)
+  using DsTile = hopper::SmemTile16<kN, kM>;  // dS^T (and split d: P^T): rows keys, columns queries
+  static constexpr int kDqPartFloats = 64 * 64;  // one dQ part (bwd_config.h)
 
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + KTile::kBytes;
   static constexpr int kOffQ = kOffV + KTile::kBytes;
   static constexpr int kOffDo = kOffQ + kStages * QTile::kBytes;
   // dS^T is double-buffered: a warpgroup writes the next block's half while the other may still
-  // read this block's in its dQ GEMM (one barrier per step instead of two).
-  static constexpr int kOffDs = kOffDo + kStages * QTile::kBytes;
-  // fp32 dQ staging: two buffers per warpgroup, so a warpgroup writes the next part while the
-  // writer warp's bulk copy still reads the last.
-  static constexpr int kOffDq = kOffDs + 2 * DsTile::kBytes;
-  static constexpr int kOffLse = kOffDq + 4 * kDqPartFloats * 4;
+  // read this block's in its dQ GEMM (one barrier per step instead of two). Split d: P^T too (both
+  // warpgroups read all of it for their dV columns).
+  static constexpr int kOffDs = kOffDo + kDoStages * QTile::kBytes;
+  static constexpr int kOffP = kOffDs + 2 * DsTile::kBytes;
+  // fp32 dQ staging: kDqBuffers per warpgroup (two let a warpgroup write the next part while the
+  // writer warp's bulk copy still reads the last).
+  static constexpr int kOffDq = kOffP + (Cfg::kSplitD ? 2 * DsTile::kBytes : 0);
+  static constexpr int kOffLse = kOffDq + 2 * Cfg::kDqBuffers * kDqPartFloats * 4;
   static constexpr int kOffDelta = kOffLse + kStages * kM * 4;
-  static constexpr int kOffBarriers = kOffDelta + kStages * kM * 4;
+  static constexpr int kOffBarriers = kOffDelta + kDoStages * kM * 4;
 
   struct Barriers {
     uint64_t kv;  // K and V of the block, once
-    hopper::PipelineBarriers<kStages> q;  // Q, dO, LSE2 and D of a query block
+    hopper::PipelineBarriers<kStages> q;  // Q and LSE2 of a query block (and dO, D where they share it)
+    hopper::PipelineBarriers<kDoStages> dout;  // split d: dO and D of a query block
     // Per consumer warpgroup, its dQ staging: full = the warpgroup's 128 threads wrote a part, empty =
     // the writer's bulk copy read it (bwd_dq_writer.cuh).
-    hopper::PipelineBarriers<2> dq[2];
+    hopper::PipelineBarriers<Cfg::kDqBuffers> dq[2];
   };
   static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;
   static_assert(kBytes <= 227 * 1024, "backward tile configuration exceeds 227 KB of shared memory");
@@ -48,12 +52,13 @@ struct BwdSmem {
   __device__ __forceinline__ uint8_t* q(int stage) const { return base + kOffQ + stage * QTile::kBytes; }
   __device__ __forceinline__ uint8_t* dout(int stage) const { return base + kOffDo + stage * QTile::kBytes; }
   __device__ __forceinline__ uint8_t* ds(int buf) const { return base + kOffDs + buf * DsTile::kBytes; }
+  __device__ __forceinline__ uint8_t* p(int buf) const { return base + kOffP + buf * DsTile::kBytes; }
   __device__ __forceinline__ float* dq(int consumer, int buf) const {
-    return reinterpret_cast<float*>(base + kOffDq) + (2 * consumer + buf) * kDqPartFloats;
+    return reinterpret_cast<float*>(base + kOffDq) + (Cfg::kDqBuffers * consumer + buf) * kDqPartFloats;
   }
   __device__ __forceinline__ float* lse2(int stage) const { return reinterpret_cast<float*>(base + kOffLse) + stage * kM; }
-  __device__ __forceinline__ float* delta(int stage) const {
-    return reinterpret_cast<float*>(base + kOffDelta) + stage * kM;
+  __device__ __forceinline__ float* delta(int do_stage) const {
+    return reinterpret_cast<float*>(base + kOffDelta) + do_stage * kM;
   }
   __device__ __forceinline__ Barriers& bars() const { return *reinterpret_cast<Barriers*>(base + kOffBarriers); }
 };

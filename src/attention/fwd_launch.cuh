@@ -24,15 +24,11 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   FwdKernelParams p{};
   const int dqk = a.head_dim_qk, dv = a.head_dim_v;
-  // Packed varlen tensors are one batch entry of total rows; each sequence starts at its
-  // cu_seqlens row (seqlen_info.cuh).
-  const bool packed_q = Feat::kVarlen && a.cu_seqlens_q != nullptr, packed_k = Feat::kVarlen && a.cu_seqlens_k != nullptr;
-  const int q_rows = packed_q ? a.total_q : a.seqlen_q, q_batch = packed_q ? 1 : a.batch;
-  const int k_rows = packed_k ? a.total_k : a.seqlen_k, k_batch = packed_k ? 1 : a.batch;
-  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, dqk, q_rows, a.heads_q, q_batch, Cfg::kBlockM));
-  FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, k_rows, a.heads_kv, k_batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, k_rows, a.heads_kv, k_batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, q_rows, a.heads_q, q_batch, 64));
+  const MapExtents e = map_extents(a, Feat::kVarlen);
+  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, dqk, e.q_rows, a.heads_q, e.q_batch, Cfg::kBlockM));
+  FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+  FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, e.q_rows, a.heads_q, e.q_batch, 64));
   p.o = a.out.data;
   p.o_batch_stride = a.out.batch_stride;
   p.o_row_stride = a.out.row_stride;
