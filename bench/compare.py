@@ -50,7 +50,9 @@ COLORS = {"fa3": "C3", "cudnn": "C0", "flash": "C1"}  # the same colour in every
 ERRORS = (RuntimeError, fa3_ctypes.Fa3Error, ValueError)  # a refusal or failure of one implementation
 
 # Extra rows (--extras): fixed shapes, 16k tokens and hidden 2048 as the sweep unless said otherwise.
-EXTRA_SECTIONS = ("softcap", "hdim192", "varlen")
+EXTRA_SECTIONS = ("softcap", "hdim192", "varlen", "paged")
+PAGE_SIZES = (16, 256)
+PAGED_HDIMS = (128, 256)
 EXTRA_SEQLENS = (4096, 16384)
 SOFTCAP = 30.0
 SOFTCAP_HDIMS = (64, 128, 256)
@@ -83,6 +85,9 @@ def parse_args(argv=None):
     ap.add_argument("--rep", type=int, default=30, help="timed calls per implementation and shape (median)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write all numbers and the environment here")
     ap.add_argument("--png", default=None, metavar="PATH", help="write TFLOP/s vs seqlen plots here")
+    ap.add_argument("--bwd", action="store_true",
+                    help="after the forward sweep, the backward on the same shapes (compare_bwd.py's rows: fa3, "
+                         "its deterministic mode, cuDNN, FA2), in the JSON and as panels of the PNG")
     ap.add_argument("--lib", default=None, metavar="PATH", help="libfa3.so (default $FA3_LIB or build/release)")
     ap.add_argument("--impls", default=",".join(IMPLS), help="subset of fa3,cudnn,flash")
     ap.add_argument("--timer", choices=("do_bench", "events"), default="do_bench",
@@ -90,7 +95,7 @@ def parse_args(argv=None):
                          "docs/anchors.md); events: back-to-back calls, CUDA events around each")
     ap.add_argument("--quick", action="store_true", help="seqlens 1k,4k,16k and head dims 64,128,256 only")
     ap.add_argument("--extras", nargs="?", const=",".join(EXTRA_SECTIONS), default=None, metavar="LIST",
-                    help="after the sweep, run the extra rows: softcap, hdim192, varlen (default: all three); "
+                    help="after the sweep, run the extra rows: softcap, hdim192, varlen, paged (default: all); "
                          "they honour --causal, --dtype, --tokens, --hidden, --timer and --impls (peers)")
     ap.add_argument("--only-extras", nargs="?", const=",".join(EXTRA_SECTIONS), default=None, metavar="LIST",
                     help="run the extra rows only, no sweep (LIST as for --extras)")
@@ -450,35 +455,42 @@ def print_summary(rows):
                   f"(min {min(rs):.2f}, max {max(rs):.2f})")
 
 
-def plot(rows, args, env, path):
-    """One panel per (causal, d), TFLOP/s vs seqlen on a log2 axis, as in the FlashAttention-3 paper."""
+def plot_sections(sections, args, env, path):
+    """One panel per (causal, d), TFLOP/s vs seqlen on a log2 axis, as in the FlashAttention-3 paper, for
+    each section ({rows, impls, labels, colors, what}: the forward sweep, compare_bwd.py's backward
+    rows), one row of panels per (section, causal)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(args.causals), len(args.hdims), squeeze=False,
-                             figsize=(4.2 * len(args.hdims), 3.4 * len(args.causals)))
-    for ci, causal in enumerate(args.causals):
-        for di, d in enumerate(args.hdims):
-            ax = axes[ci][di]
-            group = [r for r in rows if r["d"] == d and r["causal"] == causal]
-            for impl in args.impls:
-                pts = [(r["seqlen"], r["impls"][impl]["tflops"]) for r in group if r["impls"][impl]["tflops"]]
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", color=COLORS[impl], label=LABELS[impl])
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(args.seqlens)
-            ax.set_xticklabels([f"{s // 1024}k" if s >= 1024 else str(s) for s in args.seqlens])
-            ax.set_ylim(bottom=0)
-            ax.grid(True, alpha=0.3)
-            ax.set_title(f"head dim {d}, {'causal' if causal else 'non-causal'}")
-            ax.set_xlabel("sequence length")
-            ax.set_ylabel("TFLOP/s")
-    # One legend for the figure: a panel may lack an implementation that refused its shapes.
-    handles = [plt.Line2D([], [], marker="o", color=COLORS[i], label=LABELS[i]) for i in args.impls]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-    fig.suptitle(f"Attention forward, {args.dtype}, {env['gpu']} (torch {env['torch']}, cuDNN {env['cudnn']})")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    n_rows = len(sections) * len(args.causals)
+    fig, axes = plt.subplots(n_rows, len(args.hdims), squeeze=False,
+                             figsize=(4.2 * len(args.hdims), 3.4 * n_rows))
+    handles = {}
+    for si, sec in enumerate(sections):
+        for ci, causal in enumerate(args.causals):
+            for di, d in enumerate(args.hdims):
+                ax = axes[si * len(args.causals) + ci][di]
+                group = [r for r in sec["rows"] if r["d"] == d and r["causal"] == causal]
+                for impl in sec["impls"]:
+                    pts = [(r["seqlen"], r["impls"][impl]["tflops"]) for r in group if r["impls"][impl]["tflops"]]
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", color=sec["colors"][impl], label=sec["labels"][impl])
+                    # One legend for the figure: a panel may lack an implementation that refused its shapes.
+                    handles.setdefault(sec["labels"][impl], sec["colors"][impl])
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(args.seqlens)
+                ax.set_xticklabels([f"{s // 1024}k" if s >= 1024 else str(s) for s in args.seqlens])
+                ax.set_ylim(bottom=0)
+                ax.grid(True, alpha=0.3)
+                ax.set_title(f"{sec['what']}, head dim {d}, {'causal' if causal else 'non-causal'}")
+                ax.set_xlabel("sequence length")
+                ax.set_ylabel("TFLOP/s")
+    lines = [plt.Line2D([], [], marker="o", color=c, label=label) for label, c in handles.items()]
+    fig.legend(handles=lines, loc="lower center", ncol=len(lines), frameon=False)
+    what = " and ".join(sec["what"] for sec in sections)
+    fig.suptitle(f"Attention {what}, {args.dtype}, {env['gpu']} (torch {env['torch']}, cuDNN {env['cudnn']})")
+    fig.tight_layout(rect=(0, 0.04 if n_rows > 2 else 0.05, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -512,12 +524,19 @@ EXTRA_SPECS = {
         "ratios": (("fa3_varlen", "fa2_varlen", 1.8, "/FA2 vl"), ("fa3_varlen", "fa3_dense", 0.90, "/dense"),
                    ("fa3_varlen_eq", "fa3_dense", None, "vl=mn/dense")),
     },
+    "paged": {
+        "title": f"paged KV cache (pages of {' and '.join(map(str, PAGE_SIZES))} rows, shuffled; the same keys and "
+                 "values): fa3 paged vs fa3 on contiguous K/V",
+        "columns": (("fa3", "fa3"),) + tuple((f"fa3_paged{n}", f"paged{n}") for n in PAGE_SIZES),
+        "ratios": tuple((f"fa3_paged{n}", "fa3", 0.90, f"p{n}/contig") for n in PAGE_SIZES),
+    },
 }
 EXTRA_LABELS = {
     "fa3": "fa3", "fa3_softcap": f"fa3 softcap {SOFTCAP:g}", "fa3_192": f"fa3 d{MLA_DQK}/{MLA_DQK}",
     "fa3_varlen": "fa3 varlen", "fa3_dense": "fa3 dense at the mean length",
     "cudnn": LABELS["cudnn"], "flash": LABELS["flash"], "cudnn_dense": "cuDNN (SDPA) dense at the mean length",
     "fa2_varlen": "FA2 varlen", "fa3_varlen_eq": "fa3 varlen at equal lengths (the dense batches packed)",
+    **{f"fa3_paged{n}": f"fa3 paged, pages of {n}" for n in PAGE_SIZES},
 }
 
 
@@ -694,7 +713,60 @@ def extra_varlen(torch, lib, args, l2, dtype, d, causal):
     return row
 
 
-EXTRA_RUNNERS = {"softcap": extra_softcap, "hdim192": extra_hdim192, "varlen": extra_varlen}
+def paged_sets(torch, sets, page):
+    """Each set's K and V as a shuffled page pool [pages, page, h, d] with its page table [b, s / page]."""
+    out = []
+    gen = torch.Generator(device="cuda").manual_seed(page)
+    for st in sets:
+        b, s, h, _ = st["k"].shape
+        n = b * s // page
+        perm = torch.randperm(n, device="cuda", generator=gen)
+        paged = dict(st)
+        for name in ("k", "v"):
+            t = st[name]
+            pool = torch.empty((n, page) + tuple(t.shape[2:]), dtype=t.dtype, device=t.device)
+            pool[perm] = t.reshape(n, page, *t.shape[2:])
+            paged[name] = pool
+        paged["page_table"] = perm.to(torch.int32).reshape(b, s // page).contiguous()
+        out.append(paged)
+    return out
+
+
+def extra_paged(torch, lib, args, l2, dtype, d, causal, seqlen):
+    """fa3 on a paged copy of the sweep's K/V (pages shuffled) vs fa3 on the contiguous tensors."""
+    shape = shape_of(args, d, causal, seqlen)
+    b, h = shape["batch"], shape["heads"]
+    row = new_extra_row("paged", f"d{d} {seqlen // 1024}k{' causal' if causal else ''}", d=d, d_v=d, causal=causal,
+                        seqlen=seqlen, batch=b, heads=h, page_sizes=list(PAGE_SIZES))
+    scale, f = 1.0 / math.sqrt(d), attn_flops(b, h, seqlen, seqlen, d, d, causal)
+    sets = make_input_sets(torch, shape, dtype, l2)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
+    record(torch, row, "fa3", res, out, f, kname)
+    outs = {"fa3": out}
+    for page in PAGE_SIZES:
+        psets = paged_sets(torch, sets, page)
+        calls, pout, pname = None, None, None
+        try:
+            outs_p = [st["q"].new_empty(st["q"].shape) for st in psets]
+            params = [fa3_ctypes.fwd_params(lib, st["q"], st["k"], st["v"], o, causal=causal, softmax_scale=scale,
+                                            page_table=st["page_table"]) for st, o in zip(psets, outs_p)]
+            stream = torch.cuda.current_stream().cuda_stream
+            calls = [lambda p=p: fa3_ctypes.run_forward(lib, p, stream) for p in params]
+            pname = fa3_ctypes.kernel_name(lib, params[0])
+            res, _ = measure(torch, args, calls)
+            pout = None if res["error"] else outs_p[0]
+        except ERRORS as e:
+            res = {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}
+        record(torch, row, f"fa3_paged{page}", res, pout, f, pname)
+        outs[f"fa3_paged{page}"] = pout
+        if pout is not None and out is not None:  # the same math as contiguous: agreement is information
+            row.setdefault("paged_vs_contiguous_rel_err", {})[str(page)] = rel_err(torch, pout, out)
+        del psets, calls
+    dense_check(torch, row, sets[0], outs, causal, scale)
+    return row
+
+
+EXTRA_RUNNERS = {"softcap": extra_softcap, "hdim192": extra_hdim192, "varlen": extra_varlen, "paged": extra_paged}
 
 
 def extra_cases(section, args):
@@ -703,6 +775,8 @@ def extra_cases(section, args):
         return [(d, c, s) for d in SOFTCAP_HDIMS for c in args.causals for s in EXTRA_SEQLENS]
     if section == "hdim192":
         return [(c, s) for c in args.causals for s in EXTRA_SEQLENS]
+    if section == "paged":
+        return [(d, c, s) for d in PAGED_HDIMS for c in args.causals for s in EXTRA_SEQLENS]
     return [(d, c) for d in VARLEN_HDIMS for c in args.causals]
 
 
@@ -847,6 +921,16 @@ def main(argv=None):
         print_header(env, args)
         rows, checks, problems = run_sweep(torch, lib, args, l2)
         print_summary(rows)
+    bwd_rows = []
+    if args.bwd and lib is not None and not args.only_extras:
+        import compare_bwd  # noqa: E402  (it imports this module)
+        bargs = compare_bwd.parse_args([])
+        for name in ("hdims", "seqlens", "causals", "dtype", "tokens", "hidden", "warmup_ms", "rep"):
+            setattr(bargs, name, getattr(args, name))
+        print("\n## backward, the same shapes (TFLOP/s = 2.5 x forward FLOPs)")
+        compare_bwd.print_header()
+        bwd_rows, bwd_problems = compare_bwd.run_sweep(torch, lib, bargs, l2)
+        problems += bwd_problems
     extras = []
     if args.extras:
         extras, extra_problems = run_extras(torch, lib, args, l2)
@@ -856,6 +940,8 @@ def main(argv=None):
     if args.json:
         data = {"environment": env, "config": {k: v for k, v in vars(args).items()},
                 "rows": rows, "float64_checks": checks, "problems": problems}
+        if args.bwd:
+            data["bwd_rows"] = bwd_rows
         if args.extras:
             data["extras"] = {"softcap": SOFTCAP, "seqlens": list(EXTRA_SEQLENS), "varlen_lengths": varlen_lengths(),
                               "varlen_seed": VARLEN_SEED, "flops": "2*pairs*(d_qk + d_v), causal pairs counted exactly",
@@ -864,7 +950,11 @@ def main(argv=None):
             json.dump(data, f, indent=1)
         print(f"# wrote {args.json}")
     if args.png and rows:
-        plot(rows, args, env, args.png)
+        sections = [{"rows": rows, "impls": args.impls, "labels": LABELS, "colors": COLORS, "what": "forward"}]
+        if bwd_rows:
+            import compare_bwd  # noqa: E402
+            sections.append(compare_bwd.plot_section(bwd_rows))
+        plot_sections(sections, args, env, args.png)
         print(f"# wrote {args.png}")
     return 1 if problems else 0
 

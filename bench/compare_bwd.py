@@ -16,7 +16,7 @@ random lengths 256-4096 (compare.py's seed, cu_seqlens_q = cu_seqlens_k), fa3's 
 FLASH backend) and vs fa3's dense backward at the mean length; float64 autograd checks the first and
 the last sequence (2 heads).
 
-  python3 bench/compare_bwd.py --json bwd.json
+  python3 bench/compare_bwd.py --json bwd.json --png bwd.png
   python3 bench/compare_bwd.py --hdims 128 --seqlens 4k,16k --causal 1
 """
 import argparse
@@ -32,6 +32,8 @@ import fa3_ctypes  # noqa: E402
 
 IMPLS = ("fa3", "fa3_det", "cudnn", "flash")
 LABELS = {"fa3": "fa3", "fa3_det": "fa3 det", "cudnn": "cuDNN", "flash": "FA2"}
+PLOT_LABELS = {"fa3": "fa3", "fa3_det": "fa3 deterministic", "cudnn": "cuDNN (SDPA)", "flash": "FA2 (SDPA flash)"}
+COLORS = dict(compare.COLORS, fa3_det="C2")
 F64_MAX_SEQLEN = 4096
 
 
@@ -46,6 +48,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup-ms", type=float, default=50.0)
     ap.add_argument("--rep", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--png", default=None, metavar="PATH", help="write TFLOP/s vs seqlen panels (the sweep) here")
     ap.add_argument("--lib", default=None)
     ap.add_argument("--varlen", choices=("0", "1", "only"), default="1",
                     help="the varlen rows after the sweep (only: without the sweep)")
@@ -155,6 +158,11 @@ def run_shape(torch, lib, args, shape, l2):
     return row
 
 
+def plot_section(rows):
+    """The backward rows as compare.plot_sections draws them."""
+    return {"rows": rows, "impls": IMPLS, "labels": PLOT_LABELS, "colors": COLORS, "what": "backward"}
+
+
 VARLEN_IMPLS = ("fa3", "fa3_det", "fa2", "fa3_dense")
 VARLEN_LABELS = {"fa3": "fa3 vl", "fa3_det": "det vl", "fa2": "FA2 vl", "fa3_dense": "fa3 mean"}
 
@@ -253,6 +261,33 @@ def print_row(row):
             print(f"       {LABELS[impl]} n/a: {res['error'][:300]}", flush=True)
 
 
+def print_header():
+    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'b':>3} {'h':>3} | {'fa3':>6} {'fa3det':>7} {'cuDNN':>6} {'FA2':>6} | "
+          f"{'/cuDNN':>6} {'/FA2':>6} {'det/fa3':>7} | {'err':>8} vs    | kernel")
+
+
+def run_sweep(torch, lib, args, l2):
+    """The sweep's backward rows, printed as they come, and the geometric means; (rows, problems).
+    compare.py --bwd calls it with its own sweep's settings."""
+    rows, problems = [], []
+    for d in args.hdims:
+        for causal in args.causals:
+            for s in args.seqlens:
+                row = run_shape(torch, lib, args, compare.shape_of(args, d, causal, s), l2)
+                print_row(row)
+                rows.append(row)
+                bad = {k: v for k, v in row["rel_err_f64"].items() if not v <= compare.MAX_REL_ERR}
+                if bad:
+                    problems.append(f"backward d{d} causal={causal} s{s}: fa3 vs float64 {bad}")
+    for other in ("cudnn", "flash"):
+        rs = [row["impls"]["fa3"]["tflops"] / row["impls"][other]["tflops"] for row in rows
+              if row["impls"]["fa3"]["tflops"] and row["impls"][other]["tflops"]]
+        if rs:
+            print(f"# backward fa3 / {LABELS[other]}: geometric mean {math.exp(sum(map(math.log, rs)) / len(rs)):.2f} "
+                  f"over {len(rs)} shapes (min {min(rs):.2f}, max {max(rs):.2f})")
+    return rows, problems
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -266,24 +301,8 @@ def main(argv=None):
     print(compare.env_line(env).replace("forward", "backward"))
     print(f"# {args.dtype}, tokens {args.tokens}, hidden {args.hidden}; TFLOP/s = 2.5 x forward FLOPs / t; "
           f"err = max over dQ/dK/dV of ||fa3-x||/||x||")
-    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'b':>3} {'h':>3} | {'fa3':>6} {'fa3det':>7} {'cuDNN':>6} {'FA2':>6} | "
-          f"{'/cuDNN':>6} {'/FA2':>6} {'det/fa3':>7} | {'err':>8} vs    | kernel")
-    rows, problems = [], []
-    for d in (args.hdims if args.varlen != "only" else []):
-        for causal in args.causals:
-            for s in args.seqlens:
-                row = run_shape(torch, lib, args, compare.shape_of(args, d, causal, s), l2)
-                print_row(row)
-                rows.append(row)
-                bad = {k: v for k, v in row["rel_err_f64"].items() if not v <= compare.MAX_REL_ERR}
-                if bad:
-                    problems.append(f"d{d} causal={causal} s{s}: fa3 vs float64 {bad}")
-    for other in ("cudnn", "flash"):
-        rs = [row["impls"]["fa3"]["tflops"] / row["impls"][other]["tflops"] for row in rows
-              if row["impls"]["fa3"]["tflops"] and row["impls"][other]["tflops"]]
-        if rs:
-            print(f"# fa3 / {LABELS[other]}: geometric mean {math.exp(sum(map(math.log, rs)) / len(rs)):.2f} "
-                  f"over {len(rs)} shapes (min {min(rs):.2f}, max {max(rs):.2f})")
+    print_header()
+    rows, problems = run_sweep(torch, lib, args, l2) if args.varlen != "only" else ([], [])
     varlen_rows = []
     if args.varlen != "0":
         print_varlen_header()
@@ -297,6 +316,9 @@ def main(argv=None):
                     problems.append(f"varlen d{d} causal={causal}: fa3 vs float64 {bad} {row['impls']['fa3']['error'] or ''}")
     for p in problems:
         print(f"PROBLEM: {p}")
+    if args.png and rows:
+        compare.plot_sections([plot_section(rows)], args, env, args.png)
+        print(f"# wrote {args.png}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "config": {k: v for k, v in vars(args).items()}, "rows": rows,

@@ -1,9 +1,11 @@
-// fa3-bench: forward throughput on the FlashAttention papers' sweep (16k tokens, hidden 2048,
-// head dim 64/128/256, causal off/on, seqlen 512..16k) or one shape from flags, plus the
-// FlashAttention-3 Table-2 style schedule ablation.  Median of CUDA-event timings after warm-up,
-// inputs rotated through several sets so that L2 does not flatter; standard-normal inputs.
-// L2 is flushed before every timed call (--no-flush: back-to-back calls). TFLOP/s =
-// 4*b*h*sq*sk*d / t (halved for causal).  Comparisons with cuDNN/FA2 live in compare.py.
+// fa3-bench: forward (or, --bwd, backward) throughput on the FlashAttention papers' sweep (16k
+// tokens, hidden 2048, head dim 64/128/256, causal off/on, seqlen 512..16k) or one shape from
+// flags, plus the FlashAttention-3 Table-2 style schedule ablation.  Median of CUDA-event timings
+// after warm-up, inputs rotated through several sets so that L2 does not flatter; standard-normal
+// inputs. L2 is flushed before every timed call (--no-flush: back-to-back calls). TFLOP/s =
+// 4*b*h*sq*sk*d / t (halved for causal), times 2.5 for the backward (whose rows time fa3_backward
+// alone, default and deterministic, after one forward per input set for O and LSE).
+// Comparisons with cuDNN/FA2 live in compare.py and compare_bwd.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -69,7 +71,7 @@ struct Options {
   fa3_dtype dtype = FA3_DTYPE_BF16;
   int warmup = 5, iters = 20;
   float softcap = 0.f;  // applied to every shape: scores s -> softcap * tanh(s / softcap); 0 = off
-  bool ablation = false, tune = false, flush = true;
+  bool ablation = false, tune = false, flush = true, bwd = false;
   std::string json;
 };
 
@@ -88,7 +90,8 @@ void usage() {
   std::puts(
       "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
       "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16] [--warmup 5] [--iters 20]\n"
-      "          [--softcap X] [--ablation] [--tune] [--no-flush] [--json FILE]\n"
+      "          [--softcap X] [--bwd] [--ablation] [--tune] [--no-flush] [--json FILE]\n"
+      "  --bwd: the backward (fa3_backward, default and deterministic) instead of the forward\n"
       "  --softcap: scaled scores s -> X * tanh(s / X) in every run (0 = off); FLOPs are counted as without\n"
       "  --tune: time every tile variant compiled in (cmake -DFA3_BUILD_TUNE=ON) on --hdim/--seqlen/--causal");
 }
@@ -117,10 +120,11 @@ void flush_l2(int it) {
 
 // Times one shape for every variant, interleaved call by call (GPU clocks drift with temperature
 // and power: interleaving keeps the comparison fair), over input sets in rotation; median per variant.
+// o.bwd: the variants are replaced by the backward's two modes on the same sets.
 std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b, int h, int hkv,
-                              const std::vector<Variant>& variants) {
+                              std::vector<Variant> variants) {
   const size_t q_elems = size_t(b) * s * h * d, kv_elems = size_t(b) * s * hkv * d;
-  const size_t set_bytes = (2 * q_elems + 2 * kv_elems) * 2;
+  const size_t set_bytes = (2 * q_elems + 2 * kv_elems) * 2 * (o.bwd ? 2 : 1);
   const int sets = int(std::max<size_t>(2, (240ull << 20) / set_bytes + 1));  // > 4x the 60 MB L2
   std::vector<void*> bufs;
   std::vector<fa3::FwdArgs> args(sets);
@@ -148,8 +152,59 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
     a.v = fa3::bshd(v, s, hkv, d);
     a.out = fa3::bshd(out, s, h, d);
   }
+  // The backward: O and LSE from one forward per set, then dO and the gradients (the layouts of
+  // O, Q, K, V) and the workspace; one BwdArgs per set and mode.
+  std::vector<fa3::BwdArgs> bwd_args[2];
+  if (o.bwd) {
+    for (int i = 0; i < sets; ++i) {
+      fa3::FwdArgs& a = args[i];
+      void *lse, *dout, *dq, *dk, *dv, *ws;
+      CHECK_CUDA(cudaMalloc(&lse, size_t(b) * h * s * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&dout, q_elems * 2));
+      CHECK_CUDA(cudaMalloc(&dq, q_elems * 2));
+      CHECK_CUDA(cudaMalloc(&dk, kv_elems * 2));
+      CHECK_CUDA(cudaMalloc(&dv, kv_elems * 2));
+      fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(dout), q_elems, 1000 + i, o.dtype == FA3_DTYPE_BF16);
+      CHECK_CUDA(cudaGetLastError());
+      a.lse = static_cast<float*>(lse);
+      const fa3::Status st = fa3::forward(a);
+      if (!st.ok()) {
+        std::fprintf(stderr, "forward for the backward failed: %s\n", st.message().c_str());
+        std::exit(2);
+      }
+      fa3::BwdArgs ba;
+      ba.fwd = a;
+      ba.dout = fa3::bshd(dout, s, h, d);
+      ba.dq = fa3::bshd(dq, s, h, d);
+      ba.dk = fa3::bshd(dk, s, hkv, d);
+      ba.dv = fa3::bshd(dv, s, hkv, d);
+      size_t bytes = 0;
+      for (int det = 0; det < 2; ++det) {
+        ba.deterministic = det;
+        size_t need = 0;
+        const fa3::Status ws_st = fa3::workspace_size(ba, &need);
+        if (!ws_st.ok()) {
+          std::fprintf(stderr, "fa3_bwd_workspace_size: %s\n", ws_st.message().c_str());
+          std::exit(2);
+        }
+        bytes = std::max(bytes, need);
+      }
+      CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(bytes, 16)));
+      ba.workspace = ws;
+      ba.workspace_bytes = bytes;
+      for (int det = 0; det < 2; ++det) {
+        ba.deterministic = det;
+        bwd_args[det].push_back(ba);
+      }
+      bufs.insert(bufs.end(), {lse, dout, dq, dk, dv, ws});
+    }
+    variants.clear();
+    for (int det = 0; det < 2; ++det)
+      variants.push_back({det ? "backward deterministic" : "backward", nullptr});
+  }
   const char* name = "?";
-  fa3::kernel_name(args[0], &name);
+  if (o.bwd) fa3::kernel_name(bwd_args[0][0], &name);
+  else fa3::kernel_name(args[0], &name);
   std::vector<Result> results;
   for (const auto& v : variants) results.push_back(Result{d, causal, s, b, h, hkv, name, v.label, 0, 0, ""});
   std::vector<std::vector<float>> times(variants.size());
@@ -161,7 +216,7 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       if (!results[vi].error.empty()) continue;
       if (o.flush) flush_l2(it);
       CHECK_CUDA(cudaEventRecord(e0));
-      const fa3::Status st = variants[vi].launch(args[it % sets]);
+      const fa3::Status st = o.bwd ? fa3::backward(bwd_args[vi][it % sets]) : variants[vi].launch(args[it % sets]);
       CHECK_CUDA(cudaEventRecord(e1));
       if (!st.ok()) results[vi].error = st.message();
       CHECK_CUDA(cudaEventSynchronize(e1));
@@ -170,7 +225,7 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       if (it >= o.warmup) times[vi].push_back(ms);
     }
   CHECK_CUDA(cudaGetLastError());
-  const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
+  const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1) * (o.bwd ? 2.5 : 1.0);
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     auto& t = times[vi];
     if (t.empty() || !results[vi].error.empty()) continue;
@@ -217,6 +272,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") o.iters = std::atoi(next());
     else if (a == "--softcap") o.softcap = float(std::atof(next()));
     else if (a == "--ablation") o.ablation = true;
+    else if (a == "--bwd") o.bwd = true;
     else if (a == "--tune") o.tune = true;
     else if (a == "--no-flush") o.flush = false;
     else if (a == "--json") o.json = next();
@@ -227,7 +283,12 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("fa3-bench on %s (%d SMs), dtype %s", prop.name, prop.multiProcessorCount, fa3::dtype_name(o.dtype));
+  if (o.bwd && (o.ablation || o.tune)) {
+    std::fprintf(stderr, "--bwd times the sweep (or one shape); --ablation and --tune are forward-only\n");
+    return 1;
+  }
+  std::printf("fa3-bench on %s (%d SMs), dtype %s%s", prop.name, prop.multiProcessorCount, fa3::dtype_name(o.dtype),
+              o.bwd ? ", backward (TFLOP/s = 2.5 x forward FLOPs)" : "");
   if (o.softcap != 0.f) std::printf(", softcap %g", o.softcap);
   std::printf("\n");
   std::printf("%5s %7s %7s %6s %6s %6s  %-14s %-22s %9s %9s\n", "hdim", "causal", "seqlen", "batch", "heads", "hkv",
@@ -275,8 +336,8 @@ int main(int argc, char** argv) {
       std::perror(o.json.c_str());
       return 1;
     }
-    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"%s\", \"softcap\": %g, \"results\": [\n", prop.name,
-                 fa3::dtype_name(o.dtype), o.softcap);
+    std::fprintf(f, "{\"device\": \"%s\", \"dtype\": \"%s\", \"softcap\": %g, \"direction\": \"%s\", \"results\": [\n",
+                 prop.name, fa3::dtype_name(o.dtype), o.softcap, o.bwd ? "backward" : "forward");
     for (size_t i = 0; i < results.size(); ++i) {
       const auto& r = results[i];
       std::fprintf(f,

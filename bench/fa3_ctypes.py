@@ -239,7 +239,8 @@ def _max_seqlen(cu_seqlens):
 
 
 def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, *,
-               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None):
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+               page_table=None):
     """Fills fa3_fwd_params from torch tensors in BSHD layout.
 
     Fixed length: q/out [b, s_q, h_q, d_qk / d_v], k/v [b, s_k, h_kv, d_qk / d_v] (d_v may differ
@@ -247,6 +248,8 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     [total_q, h_q, d] and total_q = q.shape[0]; with cu_seqlens_k, k and v are packed [total_k, h_kv, d]
     likewise; max_seqlen_* are the longest sequences (computed from cu_seqlens with a device sync when
     not given); lse is then [h_q, total_q].  seqused_k (int32 [batch]) limits the keys per sequence.
+    Paged KV: page_table (int32 [batch, pages per sequence]) with k/v [num_pages, page_size, h_kv, d];
+    seqlen_k is then max_seqlen_k, else the table's pages times page_size.
     softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap).
 
     Shapes come from the tensors; the library validates them (and names the bad argument), so only
@@ -279,6 +282,13 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
         p.seqlen_k = _max_seqlen(cu_seqlens_k) if max_seqlen_k is None else int(max_seqlen_k)
         p.total_k = k.shape[0]
         keep.append(cu_seqlens_k)
+    elif page_table is not None:
+        if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.stride(1) != 1:
+            raise ValueError("fa3_ctypes: page_table must be int32 [batch, pages per sequence], rows contiguous")
+        p.page_table, p.page_table_batch_stride = page_table.data_ptr(), page_table.stride(0)
+        p.page_size, p.num_pages = k.shape[1], k.shape[0]
+        p.seqlen_k = page_table.shape[1] * k.shape[1] if max_seqlen_k is None else int(max_seqlen_k)
+        keep.append(page_table)
     else:
         p.seqlen_k = k.shape[1]
     if seqused_k is not None:

@@ -629,7 +629,8 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
     a.total_k = P.total_k;
   }
   if (!c.seqused_q.empty()) a.seqused_q = upload_ints(d.seqused_q, P.used_q);
-  if (!c.seqused_k.empty() || P.paged) a.seqused_k = upload_ints(d.seqused_k, P.used_k);
+  // Paged: the keys of packed sequences are their pages' (seqused_k); dense lengths need none.
+  if (!c.seqused_k.empty() || (P.paged && !c.varlen_k.empty())) a.seqused_k = upload_ints(d.seqused_k, P.used_k);
   if (P.paged) {
     a.page_table = upload_ints(d.page_table, P.page_table);
     a.page_table_batch_stride = P.pages_per_seq;

@@ -676,6 +676,59 @@ TEST(FwdGpu, SequsedOnHopper) {
   run_fwd_case(c, true, true);
 }
 
+// ---------------------------------------------------------------- paged KV ----
+
+// A paged cache (shuffled pages, keys per sequence as seqused_k) on the Hopper kernel: page sizes
+// below, equal to and above each tile's key block (boxes of gcd(kBlockN, page_size) rows: 16 for
+// kBlockN 80 / 112, up to 128), partial last pages, every head dim's tile, masks, GQA, softcap,
+// packed queries, sequences without keys.
+TEST(FwdGpu, PagedOnHopper) {
+  FA3_REQUIRE_GPU();
+  int n = 0;
+  for (int page : {16, 32, 48, 64, 128, 256, 512})
+    for (auto [dqk, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{256, 256}, std::pair{192, 128}}) {
+      FwdCase c;
+      c.batch = 3;
+      c.page_size = page;
+      c.varlen_k = {700, 1, 300};  // keys per sequence, in its pages
+      c.seqlen_q = 200;
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.heads_q = 8;
+      c.heads_kv = n % 2 ? 2 : 8;
+      c.causal = n % 3 == 1;
+      if (n % 3 == 2) c.window_left = 100, c.window_right = 20;
+      c.softcap = n % 5 == 4 ? 20.f : 0.f;
+      c.dtype = n % 4 == 3 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+      ++n;
+      EXPECT_EQ(kernel_of(c), "hopper") << c.name();
+      run_fwd_case(c);
+    }
+  // Packed queries with a paged cache (chunked prefill), and sequences without keys.
+  for (int page : {16, 256}) {
+    FwdCase c;
+    c.batch = 4;
+    c.page_size = page;
+    c.varlen_q = {17, 300, 0, 64};
+    c.varlen_k = {1000, 300, 5, 0};
+    c.heads_q = 16;
+    c.heads_kv = 2;
+    c.causal = true;
+    c.guard_rows = 40;
+    run_fwd_case(c);
+  }
+  // Fixed lengths (no seqused_k: the fixed-length kernels), every page full but the last.
+  for (int page : {16, 64}) {
+    FwdCase c;
+    c.batch = 2;
+    c.page_size = page;
+    c.seqlen_q = 333;
+    c.seqlen_k = 1000;
+    c.causal = page == 64;
+    run_fwd_case(c);
+  }
+}
+
 // --------------------------------------------------- guard rows and stray writes ----
 
 // Tile edges of every tile height (64, 128, 192 rows): each sequence's last tile reaches into the
@@ -749,7 +802,7 @@ TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
   c.batch = 2;
   c.varlen_q = {100, 3};
   c.varlen_k = {50, 260};
-  c.page_size = 64;  // paged K/V
+  c.page_size = 24;  // paged K/V with pages that are not a multiple of 16 rows
   EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
   run_fwd_case(c, false);
   c = FwdCase();

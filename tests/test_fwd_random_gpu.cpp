@@ -156,6 +156,12 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
       break;
   }
 
+  // A paged cache (the keys per sequence as seqused_k) where the keys are not packed.
+  if (c.varlen_k.empty() && c.seqused_k.empty() && g.chance(0.2)) {
+    c.page_size = g.pick<int>({{16, 2}, {32, 1}, {48, 0.5}, {64, 1}, {128, 1}, {256, 1}});
+    if (g.chance(0.7)) c.seqused_k = used(std::vector<int>(c.batch, c.seqlen_k));
+  }
+
   // Masks: none, causal, causal with a left window, or a two-sided window (either side unbounded).
   const int span = std::max(c.seqlen_q, c.seqlen_k);
   auto window = [&] { return g.chance(0.5) ? g.uniform(0, 64) : g.uniform(0, std::max(span, 1)); };
@@ -295,6 +301,7 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     rng().seed(engine());  // this case's inputs depend on (seed, i) only
     ++covered[rows_name(rows)];
     if (c.softcap > 0) ++covered["softcap"];
+    if (c.page_size > 0) ++covered["paged"];
     if (c.head_dim_v != c.head_dim) ++covered["d_qk != d_v"];
     if (c.causal) ++covered["causal"];
     if (c.window_left >= 0 || c.window_right >= 0) ++covered["window"];

@@ -73,7 +73,7 @@ fi
 if want bwd; then
   echo "== compare_bwd.py (fa3 backward vs cuDNN vs FA2, one process)"
   PYTHONUNBUFFERED=1 timeout 420 python3 bench/compare_bwd.py --lib "$BUILD/libfa3.so" ${BWD_ARGS:-} \
-    --json "$OUT/compare_bwd.json" 2>&1 | tee "$OUT/compare_bwd.log"
+    --json "$OUT/compare_bwd.json" --png "$OUT/compare_bwd.png" 2>&1 | tee "$OUT/compare_bwd.log"
   note "compare_bwd.py" "exit ${PIPESTATUS[0]}"
 fi
 

@@ -7,6 +7,7 @@
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "src/api/dispatch.h"
@@ -18,7 +19,9 @@ namespace fa3::detail {
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
   if (p.dtype != FA3_DTYPE_BF16 && p.dtype != FA3_DTYPE_FP16) return "fp8 inputs";
-  if (f.paged) return "paged KV";
+  // Paged KV: a key block is loaded in boxes of gcd(kBlockN, page_size) rows, which must keep the
+  // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128).
+  if (f.paged && p.page_size % 16 != 0) return "paged KV with a page size that is not a multiple of 16";
   if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
   return nullptr;
 }
@@ -47,13 +50,27 @@ struct Describe {
   }
 };
 
+// A paged cache is read in boxes of gcd(kBlockN, page_size) rows (mainloop_load.cuh), and small
+// boxes cost (pages 256 on the d128 causal tile of 80 keys, boxes of 16: 0.68-0.74 of contiguous,
+// 2026-12-01): with pages, the tile whose boxes are larger wins; at equal boxes, the usual rule.
+template <int kHeadDim>
+bool use_alt_tile_for(const FwdProblem& f, bool masked) {
+  using attn::FwdConfig;
+  if (f.paged) {
+    const int alt = std::gcd(FwdConfig<kHeadDim, true>::kBlockN, f.p->page_size);
+    const int first = std::gcd(FwdConfig<kHeadDim, false>::kBlockN, f.p->page_size);
+    if (alt != first) return alt > first;
+  }
+  return attn::use_alt_tile(kHeadDim, masked, f.p->seqlen_q, f.p->seqlen_k);
+}
+
 template <int kDtype, class Feat, int kHeadDim, class Op>
 Status by_tile(const FwdProblem& f, const Op& op) {
   using attn::FwdConfig;
   static const std::string tag = "d" + std::to_string(kHeadDim), alt_tag = tag + "alt";
   // Softcap and varlen have each head dim's first tile only.
   if constexpr (!Feat::kSoftcap && !Feat::kVarlen && attn::has_alt_tile(kHeadDim, Feat::kMasked))
-    if (attn::use_alt_tile(kHeadDim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k))
+    if (use_alt_tile_for<kHeadDim>(f, Feat::kMasked))
       return op.template run<kDtype, FwdConfig<kHeadDim, true>, Feat>(f, alt_tag.c_str());
   return op.template run<kDtype, FwdConfig<kHeadDim, false>, Feat>(f, tag.c_str());
 }

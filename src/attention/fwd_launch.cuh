@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "src/attention/fwd_kernel.cuh"
 #include "src/attention/fwd_launch.h"
@@ -26,8 +27,20 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   const int dqk = a.head_dim_qk, dv = a.head_dim_v;
   const MapExtents e = map_extents(a, Feat::kVarlen);
   FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, dqk, e.q_rows, a.heads_q, e.q_batch, Cfg::kBlockM));
-  FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
-  FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+  if (f.paged) {
+    // [num_pages][page_size][heads_kv][d], boxes of gcd(kBlockN, page_size) rows (mainloop_load.cuh;
+    // the dispatch takes page sizes that are multiples of 16, so a box is >= 16 rows).
+    const int box = std::gcd(Cfg::kBlockN, a.page_size);
+    FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, a.page_size, a.heads_kv, a.num_pages, box));
+    FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, a.page_size, a.heads_kv, a.num_pages, box));
+    p.page_table = a.page_table;
+    p.page_table_batch_stride = a.page_table_batch_stride;
+    p.page_size = a.page_size;
+    p.page_box_rows = box;
+  } else {
+    FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+    FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
+  }
   FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, e.q_rows, a.heads_q, e.q_batch, 64));
   p.o = a.out.data;
   p.o_batch_stride = a.out.batch_stride;

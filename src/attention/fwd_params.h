@@ -35,6 +35,13 @@ struct FwdKernelParams {
   const int* seqused_q;
   const int* seqused_k;
   int total_q;                     // rows of packed Q/O (LSE's row count then)
+
+  // Paged KV (page_table set; kept last so that the other parameters' offsets stay put): the K/V
+  // maps are [num_pages][page_size] rows with boxes of page_box_rows = gcd(kBlockN, page_size)
+  // rows, so a key block is kBlockN / page_box_rows boxes, none straddling a page.
+  const int* page_table;           // [batch][page_table_batch_stride] page indices
+  int64_t page_table_batch_stride;
+  int page_size, page_box_rows;
 };
 
 }  // namespace fa3::attn

@@ -38,18 +38,41 @@ struct MainloopLoad {
     hopper::tma_load_tile<Tile>(map, (smem.*buffer)(st.index), row, head, batch, &ring.full[st.index]);
     st.advance();
   }
-  // Key block n of a tile: rows from the sequence's first key row.
+  // Key block n of a tile: rows from the sequence's first key row, or (paged KV) from the pages the
+  // page table names, a box of page_box_rows rows at a time. Boxes past the sequence's last key
+  // repeat its last box (rows the mask hides; page-table entries past the sequence are not read).
+  template <class Tile>
+  __device__ __forceinline__ void load_keys(const CUtensorMap* map, hopper::PipelineBarriers<Cfg::kStages>& ring,
+                                            hopper::PipelineState<Cfg::kStages>& st,
+                                            uint8_t* (Smem::*buffer)(int) const, int n, int kv_head,
+                                            const Seq& seq) const {
+    if (p.page_table == nullptr) {
+      load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p));
+      return;
+    }
+    ring.producer_acquire(st);
+    uint64_t* full = &ring.full[st.index];
+    hopper::mbarrier_arrive_expect_tx(full, Tile::kBytes);
+    uint8_t* dst = (smem.*buffer)(st.index);
+    const int* table = p.page_table + int64_t(seq.batch) * p.page_table_batch_stride;
+    const int box = p.page_box_rows, last = max(seq.seqlen_k(p) - 1, 0) / box * box;
+    // (An incremental form of this loop, one division per block and one table read per page,
+    // changed ptxas's schedule of the d128 and d256 consumers: -4% / +5% on the contiguous sweep.)
+    for (int r = 0; r < Cfg::kBlockN; r += box) {
+      const int key = min(n * Cfg::kBlockN + r, last);
+      hopper::tma_load_tile_rows<Tile>(map, dst, r, key % p.page_size, kv_head, table[key / p.page_size], full);
+    }
+    st.advance();
+  }
   __device__ __forceinline__ void load_k(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                          hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
                                          const Seq& seq) const {
-    load_stage<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, seq.k_row0() + n * Cfg::kBlockN, kv_head,
-                                     seq.k_batch(p));
+    load_keys<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, n, kv_head, seq);
   }
   __device__ __forceinline__ void load_v(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                          hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
                                          const Seq& seq) const {
-    load_stage<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, seq.k_row0() + n * Cfg::kBlockN, kv_head,
-                                     seq.k_batch(p));
+    load_keys<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, n, kv_head, seq);
   }
 
   struct Tile {

@@ -27,6 +27,18 @@ __device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* d
     tma_load_4d(dst + Tile::panel_offset(pn), map, Tile::panel_col(pn), row, head, batch, bar);
 }
 
+// One box of the map's rows (fewer than the Tile's: a paged cache's pages) into rows
+// [tile_row, ...) of a Tile, one box per panel; tile_row % 8 == 0 keeps the 128-byte swizzle atoms
+// where a whole-tile load puts them (the swizzle follows the shared-memory address).
+template <class Tile>
+__device__ __forceinline__ void tma_load_tile_rows(const CUtensorMap* map, uint8_t* dst, int tile_row, int row,
+                                                   int head, int batch, uint64_t* bar) {
+#pragma unroll
+  for (int pn = 0; pn < Tile::kPanels; ++pn)
+    tma_load_4d(dst + Tile::panel_offset(pn) + Tile::row_offset(tile_row), map, Tile::panel_col(pn), row, head, batch,
+                bar);
+}
+
 // 4-D box load multicast to the CTAs of the cluster in `cta_mask`: the box lands at the same
 // shared-memory offset in each, and completes on the barrier at `bar`'s offset in each.
 __device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const CUtensorMap* map, int c0, int c1, int c2,
