@@ -185,7 +185,7 @@ def make_input_sets(torch, shape, dtype, l2):
 
 def fa3_calls(torch, lib, sets, causal, scale, **kw):
     """One prepared fa3_forward call per input set: the params are built outside the timed region.
-    kw goes to fa3_ctypes.fwd_params (softcap, varlen's cu_seqlens_q/k, max_seqlen_q/k)."""
+    kw goes to fa3_ctypes.fwd_params (softcap, varlen's cu_seqlens_q/k, max_seqlen_q/k, page_table)."""
     outs = [s["q"].new_empty(s["q"].shape[:-1] + (s["v"].shape[-1],)) for s in sets]  # head dim of V
     params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale, **kw)
               for s, o in zip(sets, outs)]
@@ -714,22 +714,21 @@ def extra_varlen(torch, lib, args, l2, dtype, d, causal):
 
 
 def paged_sets(torch, sets, page):
-    """Each set's K and V as a shuffled page pool [pages, page, h, d] with its page table [b, s / page]."""
+    """Each set's K and V as a page pool [pages, page, h, d] shuffled by one permutation, and the
+    page table [b, s / page] every set shares."""
+    b, s = sets[0]["k"].shape[:2]
+    n = b * s // page
+    perm = torch.randperm(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(page))
     out = []
-    gen = torch.Generator(device="cuda").manual_seed(page)
     for st in sets:
-        b, s, h, _ = st["k"].shape
-        n = b * s // page
-        perm = torch.randperm(n, device="cuda", generator=gen)
         paged = dict(st)
         for name in ("k", "v"):
             t = st[name]
             pool = torch.empty((n, page) + tuple(t.shape[2:]), dtype=t.dtype, device=t.device)
             pool[perm] = t.reshape(n, page, *t.shape[2:])
             paged[name] = pool
-        paged["page_table"] = perm.to(torch.int32).reshape(b, s // page).contiguous()
         out.append(paged)
-    return out
+    return out, perm.to(torch.int32).reshape(b, s // page).contiguous()
 
 
 def extra_paged(torch, lib, args, l2, dtype, d, causal, seqlen):
@@ -744,24 +743,13 @@ def extra_paged(torch, lib, args, l2, dtype, d, causal, seqlen):
     record(torch, row, "fa3", res, out, f, kname)
     outs = {"fa3": out}
     for page in PAGE_SIZES:
-        psets = paged_sets(torch, sets, page)
-        calls, pout, pname = None, None, None
-        try:
-            outs_p = [st["q"].new_empty(st["q"].shape) for st in psets]
-            params = [fa3_ctypes.fwd_params(lib, st["q"], st["k"], st["v"], o, causal=causal, softmax_scale=scale,
-                                            page_table=st["page_table"]) for st, o in zip(psets, outs_p)]
-            stream = torch.cuda.current_stream().cuda_stream
-            calls = [lambda p=p: fa3_ctypes.run_forward(lib, p, stream) for p in params]
-            pname = fa3_ctypes.kernel_name(lib, params[0])
-            res, _ = measure(torch, args, calls)
-            pout = None if res["error"] else outs_p[0]
-        except ERRORS as e:
-            res = {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}
+        psets, table = paged_sets(torch, sets, page)
+        res, pout, pname = run_fa3(torch, lib, args, psets, causal, scale, page_table=table)
         record(torch, row, f"fa3_paged{page}", res, pout, f, pname)
         outs[f"fa3_paged{page}"] = pout
         if pout is not None and out is not None:  # the same math as contiguous: agreement is information
             row.setdefault("paged_vs_contiguous_rel_err", {})[str(page)] = rel_err(torch, pout, out)
-        del psets, calls
+        del psets
     dense_check(torch, row, sets[0], outs, causal, scale)
     return row
 

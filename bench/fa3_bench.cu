@@ -178,16 +178,11 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       ba.dq = fa3::bshd(dq, s, h, d);
       ba.dk = fa3::bshd(dk, s, hkv, d);
       ba.dv = fa3::bshd(dv, s, hkv, d);
-      size_t bytes = 0;
-      for (int det = 0; det < 2; ++det) {
-        ba.deterministic = det;
-        size_t need = 0;
-        const fa3::Status ws_st = fa3::workspace_size(ba, &need);
-        if (!ws_st.ok()) {
-          std::fprintf(stderr, "fa3_bwd_workspace_size: %s\n", ws_st.message().c_str());
-          std::exit(2);
-        }
-        bytes = std::max(bytes, need);
+      size_t bytes = 0;  // the same for both modes (the semaphores are always there)
+      const fa3::Status ws_st = fa3::workspace_size(ba, &bytes);
+      if (!ws_st.ok()) {
+        std::fprintf(stderr, "fa3_bwd_workspace_size: %s\n", ws_st.message().c_str());
+        std::exit(2);
       }
       CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(bytes, 16)));
       ba.workspace = ws;

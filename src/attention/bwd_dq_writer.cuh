@@ -34,6 +34,22 @@ struct BwdDqWriter {
     pending = -1;
   }
 
+  // Part q of step `it` comes from warpgroup `wg` as its k-th staged part, in buffer k % kBuffers,
+  // phase k / kBuffers % 2 of its ring: d128 a part per warpgroup; d64 the step's warpgroup; split
+  // d the warpgroups' two parts each, interleaved (0, 2, 1, 3). `part` is its column block of dQ.
+  struct Staged {
+    int wg, part;
+    hopper::PipelineState<Cfg::kDqBuffers> st;
+    __device__ __forceinline__ Staged(int it, int q) {
+      const int j = Cfg::kSplitD ? (q >> 1) : 0;
+      wg = Cfg::kSplitD ? (q & 1) : Cfg::kDqParts == 2 ? q : (it & 1);
+      part = Cfg::kDqPartsPerWg * wg * (Cfg::kDqParts > 1) + j;
+      const int k = Cfg::kDqParts == 1 ? it >> 1 : Cfg::kDqPartsPerWg * it + j;
+      st.index = k % Cfg::kDqBuffers;
+      st.phase = (k / Cfg::kDqBuffers) & 1;
+    }
+  };
+
   template <bool kVarlen>
   __device__ void run(int n_block, int kv_head, const SeqlenInfo<kVarlen>& seq) const {
     if (!hopper::elect_one()) return;
@@ -51,18 +67,9 @@ struct BwdDqWriter {
       const int sem = int(row0 / kM + m);
 #pragma unroll
       for (int q = 0; q < Cfg::kDqParts; ++q) {
-        // Part q of the step comes from warpgroup wg as its k-th staged part, in buffer k % kBuffers,
-        // phase k / kBuffers % 2 of its ring. d128: a part per warpgroup; d64: the step's
-        // warpgroup; split d: the warpgroups' two parts each, interleaved (0, 2, 1, 3).
-        const int wg = Cfg::kSplitD ? (q & 1) : Cfg::kDqParts == 2 ? q : (it & 1);
-        const int j = Cfg::kSplitD ? (q >> 1) : 0;
-        const int part = Cfg::kDqPartsPerWg * wg * (Cfg::kDqParts > 1) + j;
-        const int k = Cfg::kDqParts == 1 ? it >> 1 : Cfg::kDqPartsPerWg * it + j;
-        hopper::PipelineState<kBuffers> st;
-        st.index = k % kBuffers;
-        st.phase = (k / kBuffers) & 1;
-        auto& ring = smem.bars().dq[wg];
-        while (!hopper::ptx::mbarrier_try_wait_parity(&ring.full[st.index], st.phase))
+        const Staged s(it, q);
+        auto& ring = smem.bars().dq[s.wg];
+        while (!hopper::ptx::mbarrier_try_wait_parity(&ring.full[s.st.index], s.st.phase))
           if (p.deterministic) release<0>(p, pending);  // idle anyway: let the next key block go
         if (p.deterministic && q == 0) {
           const cuda::atomic_ref<int, cuda::thread_scope_device> count(p.dq_semaphore[sem]);
@@ -75,13 +82,13 @@ struct BwdDqWriter {
           }
           hopper::ptx::fence_proxy_async();  // the adds before ours (acquired) -> our bulk ops
         }
-        float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + part * Smem::kDqPartFloats;
+        float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + s.part * Smem::kDqPartFloats;
         hopper::ptx::cp_reduce_async_bulk(hopper::ptx::space_global, hopper::ptx::space_shared, hopper::ptx::op_add,
-                                          dst, smem.dq(wg, st.index), kPartBytes);
+                                          dst, smem.dq(s.wg, s.st.index), kPartBytes);
         if constexpr (kBuffers == 1) {
           hopper::tma_store_commit();
           hopper::tma_store_wait_read();  // its staging may be rewritten
-          ring.consumer_release(st);
+          ring.consumer_release(s.st);
         }
       }
       if constexpr (kBuffers > 1) {
@@ -89,11 +96,8 @@ struct BwdDqWriter {
         hopper::tma_store_wait_read();  // their staging may be rewritten
 #pragma unroll
         for (int q = 0; q < Cfg::kDqParts; ++q) {
-          const int k = Cfg::kDqParts == 1 ? it >> 1 : it;
-          hopper::PipelineState<kBuffers> st;
-          st.index = k % kBuffers;
-          st.phase = (k / kBuffers) & 1;
-          smem.bars().dq[Cfg::kDqParts == 2 ? q : (it & 1)].consumer_release(st);
+          const Staged s(it, q);
+          smem.bars().dq[s.wg].consumer_release(s.st);
         }
       }
       if (p.deterministic) {

@@ -50,7 +50,7 @@ struct BwdWalk {
 template <bool kVarlen>
 __device__ __forceinline__ int64_t bwd_ws_row0(const BwdKernelParams& p, const SeqlenInfo<kVarlen>& seq, int head) {
   if constexpr (kVarlen) return p.ws_rows.row0(seq.batch, head, seq.q_row0());
-  else return (int64_t(seq.batch) * p.fwd.heads_q + head) * p.seqlen_q_rounded;
+  else return BwdWorkspaceRows::dense_row0(seq.batch, head, p.fwd.heads_q, p.seqlen_q_rounded);
 }
 
 // The CTA's key block: with a descending or rotating dQ order, CTAs launch from the last key block,

@@ -20,8 +20,11 @@ namespace fa3::attn {
 struct BwdWorkspaceRows {
   int heads_q, seqlen_q_rounded, block_m;
   int64_t packed_rows;  // packed Q: rows per head; 0 otherwise
+  __host__ __device__ __forceinline__ static int64_t dense_row0(int b, int h, int heads_q, int seqlen_q_rounded) {
+    return (int64_t(b) * heads_q + h) * seqlen_q_rounded;
+  }
   __host__ __device__ __forceinline__ int64_t row0(int b, int h, int q_row0) const {
-    if (packed_rows == 0) return (int64_t(b) * heads_q + h) * seqlen_q_rounded;
+    if (packed_rows == 0) return dense_row0(b, h, heads_q, seqlen_q_rounded);
     return int64_t(h) * packed_rows + (int64_t(q_row0) + int64_t(b) * block_m) / block_m * block_m;
   }
 };

@@ -18,18 +18,10 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
   ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, smem_dst, map, coords, bar);
 }
 
-// Rows [row, row + Tile::kRows) of one head of a BSHD map into a Tile: one box per 128-byte panel.
-template <class Tile>
-__device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
-                                              uint64_t* bar) {
-#pragma unroll
-  for (int pn = 0; pn < Tile::kPanels; ++pn)
-    tma_load_4d(dst + Tile::panel_offset(pn), map, Tile::panel_col(pn), row, head, batch, bar);
-}
-
-// One box of the map's rows (fewer than the Tile's: a paged cache's pages) into rows
-// [tile_row, ...) of a Tile, one box per panel; tile_row % 8 == 0 keeps the 128-byte swizzle atoms
-// where a whole-tile load puts them (the swizzle follows the shared-memory address).
+// One box of the map's rows into rows [tile_row, ...) of a Tile, one box per 128-byte panel: the
+// map's box is the whole tile (tma_load_tile), or fewer rows (a paged cache's pages); tile_row % 8
+// == 0 keeps the 128-byte swizzle atoms where a whole-tile load puts them (the swizzle follows the
+// shared-memory address).
 template <class Tile>
 __device__ __forceinline__ void tma_load_tile_rows(const CUtensorMap* map, uint8_t* dst, int tile_row, int row,
                                                    int head, int batch, uint64_t* bar) {
@@ -37,6 +29,13 @@ __device__ __forceinline__ void tma_load_tile_rows(const CUtensorMap* map, uint8
   for (int pn = 0; pn < Tile::kPanels; ++pn)
     tma_load_4d(dst + Tile::panel_offset(pn) + Tile::row_offset(tile_row), map, Tile::panel_col(pn), row, head, batch,
                 bar);
+}
+
+// Rows [row, row + Tile::kRows) of one head of a BSHD map whose box is the whole tile.
+template <class Tile>
+__device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint8_t* dst, int row, int head, int batch,
+                                              uint64_t* bar) {
+  tma_load_tile_rows<Tile>(map, dst, 0, row, head, batch, bar);
 }
 
 // 4-D box load multicast to the CTAs of the cluster in `cta_mask`: the box lands at the same

@@ -105,6 +105,17 @@ Tensor new_cuda_tensor(std::initializer_list<int64_t> sizes, int32_t dtype, int3
   return Tensor(handle);
 }
 
+// The scratch fa3 asks for (`bytes`, from fa3::workspace_size) from PyTorch's caching allocator,
+// which orders reuse on the current stream: the returned tensor may go once the call is queued.
+template <class Args>
+std::optional<Tensor> attach_workspace(Args& a, size_t bytes, int32_t device) {
+  if (bytes == 0) return std::nullopt;
+  Tensor w = new_cuda_tensor({static_cast<int64_t>(bytes)}, aoti_torch_dtype_uint8(), device);
+  a.workspace = w.mutable_data_ptr();
+  a.workspace_bytes = bytes;
+  return w;
+}
+
 void* current_stream(int32_t device) {
   void* stream = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
@@ -273,12 +284,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
 
   size_t bytes = 0;
   throw_if_failed(fa3::workspace_size(a, &bytes), "fwd");
-  std::optional<Tensor> workspace;
-  if (bytes > 0) {
-    workspace = new_cuda_tensor({static_cast<int64_t>(bytes)}, aoti_torch_dtype_uint8(), p.device);
-    a.workspace = workspace->mutable_data_ptr();
-    a.workspace_bytes = bytes;
-  }
+  const std::optional<Tensor> workspace = attach_workspace(a, bytes, p.device);
   // Every pointer is a CUDA tensor's on this device (checked above): skip fa3's pointer checks.
   throw_if_failed(fa3::detail::forward_device_tensors(a, static_cast<cudaStream_t>(current_stream(p.device))),
                   "fwd");
@@ -337,12 +343,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
 
   size_t bytes = 0;
   throw_if_failed(fa3::workspace_size(b, &bytes), "bwd");
-  std::optional<Tensor> workspace;
-  if (bytes > 0) {
-    workspace = new_cuda_tensor({static_cast<int64_t>(bytes)}, aoti_torch_dtype_uint8(), p.device);
-    b.workspace = workspace->mutable_data_ptr();
-    b.workspace_bytes = bytes;
-  }
+  const std::optional<Tensor> workspace = attach_workspace(b, bytes, p.device);
   throw_if_failed(fa3::detail::backward_device_tensors(b, static_cast<cudaStream_t>(current_stream(p.device))),
                   "bwd");
   return {dq, dk, dv};
