@@ -884,20 +884,30 @@ def run_sweep(torch, lib, args, l2):
 
 # -------------------------------------------------------------------------------------- main ----
 
-def main(argv=None):
-    args = parse_args(argv)
+def open_gpu(args, prog):
+    """(torch, fa3 library or None, its path) for a benchmark script, or None after saying why not
+    (no CUDA device, or fa3 in args.impls and its library does not load)."""
     import torch
     if not torch.cuda.is_available():
-        print("compare.py: no CUDA device visible", file=sys.stderr)
-        return 2
+        print(f"{prog}: no CUDA device visible", file=sys.stderr)
+        return None
     lib, lib_path = None, None
     if "fa3" in args.impls:
         try:
             lib = fa3_ctypes.load(args.lib)
             lib_path = lib._name
         except (OSError, RuntimeError) as e:
-            print(f"compare.py: {e}", file=sys.stderr)
-            return 2
+            print(f"{prog}: {e}", file=sys.stderr)
+            return None
+    return torch, lib, lib_path
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    opened = open_gpu(args, "compare.py")
+    if opened is None:
+        return 2
+    torch, lib, lib_path = opened
 
     env = environment(torch, args, lib_path)
     l2 = l2_bytes(env)

@@ -240,7 +240,7 @@ def _max_seqlen(cu_seqlens):
 
 def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, *,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
-               page_table=None):
+               page_table=None, num_splits=None):
     """Fills fa3_fwd_params from torch tensors in BSHD layout.
 
     Fixed length: q/out [b, s_q, h_q, d_qk / d_v], k/v [b, s_k, h_kv, d_qk / d_v] (d_v may differ
@@ -251,6 +251,8 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     Paged KV: page_table (int32 [batch, pages per sequence]) with k/v [num_pages, page_size, h_kv, d];
     seqlen_k is then max_seqlen_k, else the table's pages times page_size.
     softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap).
+    num_splits (split-KV): None keeps the library's default (0 = automatic), 1 = no split, > 1 = that
+    many key splits; it is set before the workspace query, whose size depends on it.
 
     Shapes come from the tensors; the library validates them (and names the bad argument), so only
     what is needed to read strides is checked here.  A workspace, when the library asks for one, is
@@ -303,6 +305,8 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     p.causal = int(bool(causal))
     p.window_left, p.window_right = int(window[0]), int(window[1])
     p.softcap = float(softcap)
+    if num_splits is not None:
+        p.num_splits = int(num_splits)  # before the workspace query: the split partials live there
     p._keep = keep  # ctypes holds raw pointers only: keep the tensors alive with the struct
 
     nbytes = c_size_t(0)
@@ -366,7 +370,7 @@ def forward(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, windo
             stream=None, **varlen):
     """O = attention(q, k, v) into `out` (and `lse`), [b, s, h, d] torch tensors (varlen: packed
     [total, h, d], with the keyword arguments cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    seqused_k of fwd_params); raises Fa3Error."""
+    seqused_k of fwd_params; page_table and num_splits likewise go through); raises Fa3Error."""
     p = fwd_params(lib, q, k, v, out, lse, causal, softmax_scale, window, softcap, **varlen)
     handle = stream_handle(stream, q.device)
     ws = getattr(p, "_workspace", None)

@@ -146,6 +146,7 @@ std::string FwdCase::name() const {
   if (guard_rows) s << " guard" << guard_rows;
   if (page_size) s << " paged" << page_size;
   if (key_growth > 0) s << " key-growth" << key_growth;
+  if (workspace) s << " workspace splits" << num_splits;
   if (!with_lse) s << " no-lse";
   return s.str();
 }
@@ -165,6 +166,7 @@ std::string FwdCase::repro() const {
   if (guard_rows) s << " c.guard_rows = " << guard_rows << ";";
   if (page_size) s << " c.page_size = " << page_size << ";";
   if (key_growth != 0) s << " c.key_growth = " << float_literal(key_growth) << ";";
+  if (workspace) s << " c.workspace = true; c.num_splits = " << num_splits << ";";
   return s.str();
 }
 
@@ -649,6 +651,16 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
     a.v_descale = base + 2 * c.batch * c.heads_kv;
     a.descale_batch_stride = c.heads_kv;
     a.descale_head_stride = 1;
+  }
+  if (c.workspace) {
+    a.num_splits = c.num_splits;
+    size_t bytes = 0;
+    const Status st = fa3::workspace_size(a, &bytes);
+    if (!st.ok()) throw std::invalid_argument("workspace_size: " + st.message());
+    d.workspace = DeviceBuffer(std::max<size_t>(bytes, 16));
+    d.workspace.fill_bytes(0xFF);  // NaN partials: an unwritten slot the combine reads shows
+    a.workspace = d.workspace.get();
+    a.workspace_bytes = bytes;
   }
   poison_outputs(d);
   return d;

@@ -83,6 +83,12 @@ struct FwdCase {
   // > 0: key j's row scaled by 1 + key_growth * (seqlen_k - 1 - j) / seqlen_k, so that the kernels'
   // row maxima grow block after block (they walk the keys from the last): running-max rescales.
   float key_growth = 0.f;
+  // The decode path (split-KV, pack-GQA): workspace = true attaches the workspace
+  // fa3::workspace_size asks for (poisoned with NaN: the combine must not read unwritten slots)
+  // and passes num_splits (0 = automatic). Without a workspace num_splits stays 0 and decodes run on
+  // the usual kernels.
+  bool workspace = false;
+  int num_splits = 0;
   std::string name() const;
   // Every field as C++ assignments ("c.batch = 3; ..."): pasted into a test, it rebuilds the case.
   std::string repro() const;
@@ -156,7 +162,7 @@ struct FwdData {
   ref::Problem prob;
   ref::Inputs in;  // empty when make_fwd_data was told no reference inputs are needed
   FwdArgs args;
-  DeviceBuffer q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k, page_table, descale;
+  DeviceBuffer q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k, page_table, descale, workspace;
   int total_q = 0;  // = plan.total_q
 };
 

@@ -1,8 +1,11 @@
 // The public forward (the Hopper kernel wherever it applies) against the double-precision CPU
 // reference, and against the GPU oracle at sizes the CPU reference would take too long for.
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -79,6 +82,10 @@ FwdCase case_for_instantiation(const std::string& name) {
   const size_t d0 = name.find("_d") + 2;
   c.head_dim = std::stoi(name.substr(d0));
   if (has("v128_")) c.head_dim_v = 128;
+  if (has("split_")) {  // the decode kernel: explicit splits (any query length), pack-GQA 2:1
+    c.workspace = true;
+    c.num_splits = 3;
+  }
   c.causal = masked;
   if (softcap) c.softcap = 30.f;
   c.heads_q = 2;
@@ -120,6 +127,12 @@ TEST(FwdGpu, EveryInstantiationByName) {
     a.softcap = c.softcap;
     static const int32_t kSomeArray[1] = {0};
     if (!c.varlen_q.empty()) a.cu_seqlens_q = a.cu_seqlens_k = kSomeArray;
+    alignas(16) static char some_workspace[16];
+    if (c.workspace) {  // (never touched: the dispatch only compares sizes)
+      a.num_splits = c.num_splits;
+      a.workspace = some_workspace;
+      a.workspace_bytes = size_t(1) << 40;
+    }
     std::string reached;
     ASSERT_TRUE(detail::hopper_fwd_instance(detail::make_problem(a), &reached).ok());
     EXPECT_EQ(reached, name) << "case_for_instantiation does not reach it";
@@ -788,6 +801,364 @@ TEST(FwdGpu, PoisonCheckCatchesOneStrayElement) {
 }
 
 // ------------------------------------------------- what stays on reference-gpu ----
+
+// ------------------------------------------------------------- the decode path ----
+
+// Which instantiation the case's arguments reach ("fwd_bf16_d128split_..." is the decode kernel).
+std::string instance_of(const FwdCase& c) {
+  FwdData d = make_fwd_data(c, false);
+  std::string name;
+  const Status st = detail::hopper_fwd_instance(detail::make_problem(d.args), &name);
+  return st.ok() ? name : "error: " + st.message();
+}
+bool on_decode_kernel(const FwdCase& c) { return instance_of(c).find("split_") != std::string::npos; }
+
+// Decodes (few queries, long caches) on the decode kernel: query lengths 1, 4, 17 x key lengths 1,
+// 17, 1000, 4097 x packing (GQA 4:1 and 8:1 packed, 6:2 = 3 per kv head not packed, MQA 16:1,
+// MHA), head dims 64..256 and 192/128, causal, windows, both dtypes, automatic and explicit
+// splits up to 128 (more than key blocks: capped), LSE and not.
+TEST(FwdGpu, DecodeAgainstCpu) {
+  FA3_REQUIRE_GPU();
+  struct Heads {
+    int q, kv;
+  };
+  const Heads heads[] = {{8, 2}, {16, 2}, {6, 2}, {16, 1}, {4, 4}};
+  const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {256, 256}, {96, 96}, {192, 128}, {80, 80}};
+  const int splits[] = {0, 1, 2, 7, 128, 0, 3};
+  int n = 0;
+  for (int sq : {1, 4, 17})
+    for (int sk : {1, 17, 1000, 4097}) {
+      for (int i = 0; i < 3; ++i, ++n) {
+        FwdCase c;
+        c.batch = 1 + n % 3;
+        c.seqlen_q = sq;
+        c.seqlen_k = sk;
+        c.heads_q = heads[n % 5].q;
+        c.heads_kv = heads[n % 5].kv;
+        c.head_dim = dims[n % 6].first;
+        c.head_dim_v = dims[n % 6].second;
+        c.causal = n % 2 == 1;
+        if (n % 7 == 3) c.causal = false, c.window_left = 300, c.window_right = n % 2 ? 0 : 2;
+        c.dtype = n % 4 == 3 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+        c.with_lse = n % 9 != 4;
+        c.workspace = true;
+        c.num_splits = splits[n % 7];
+        if (sq == 17 && c.num_splits <= 1) c.num_splits = 2;  // 17 x 8 rows: explicit splits only
+        EXPECT_TRUE(on_decode_kernel(c)) << c.name() << " reached " << instance_of(c);
+        run_fwd_case(c);
+      }
+    }
+}
+
+// Splitting changes the summation order and P's rounding: 1..128 splits of the same inputs agree
+// with one split to an output rounding step plus 1% of O's rms in every element, and LSE to fp32
+// rounding.
+TEST(FwdGpu, DecodeSplitsAgreeWithOneSplit) {
+  FA3_REQUIRE_GPU();
+  for (fa3_dtype dt : {FA3_DTYPE_BF16, FA3_DTYPE_FP16}) {
+    FwdCase c;
+    c.dtype = dt;
+    c.batch = 2;
+    c.seqlen_q = 4;
+    c.seqlen_k = 128 * 128 + 77;  // 129 key blocks of 128
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = true;
+    c.workspace = true;
+    c.num_splits = 1;
+    FwdData d = make_fwd_data(c, false);
+    ASSERT_TRUE(fa3::forward(d.args).ok());
+    FA3_CUDA_CHECK(cudaDeviceSynchronize());
+    const FwdOutputs one = download_outputs(d);
+    for (int s : {2, 3, 5, 16, 64, 127, 128}) {
+      SCOPED_TRACE("splits " + std::to_string(s));
+      fa3::FwdArgs a = d.args;
+      a.num_splits = s;
+      size_t bytes = 0;
+      ASSERT_TRUE(fa3::workspace_size(a, &bytes).ok());
+      DeviceBuffer ws(bytes);
+      ws.fill_bytes(0xFF);
+      a.workspace = ws.get();
+      a.workspace_bytes = bytes;
+      poison_outputs(d);
+      const Status st = fa3::forward(a);
+      ASSERT_TRUE(st.ok()) << st.message();
+      FA3_CUDA_CHECK(cudaDeviceSynchronize());
+      const FwdOutputs got = download_outputs(d);
+      // P is rounded to 16 bits against each split's own row maximum, so O differs by that
+      // rounding (relative 2^-9 per probability, averaging out over the keys: ~1e-3 of O's rms),
+      // not only by the fp32 merge; each element within its own output rounding (one 16-bit step)
+      // plus 1% of O's rms.
+      double sq = 0;
+      size_t n = 0;
+      for (const auto& o : one.o)
+        for (double y : o) sq += y * y, ++n;
+      const double rms = std::sqrt(sq / std::max<size_t>(n, 1));
+      const double step = dt == FA3_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+      long bad = 0, bad_lse = 0;
+      for (size_t b = 0; b < got.o.size(); ++b)
+        for (size_t i = 0; i < got.o[b].size(); ++i)
+          if (!(std::abs(got.o[b][i] - one.o[b][i]) <= step * std::abs(one.o[b][i]) + 1e-2 * rms)) ++bad;
+      for (size_t b = 0; b < got.lse.size(); ++b)
+        for (size_t i = 0; i < got.lse[b].size(); ++i)
+          if (!(std::abs(got.lse[b][i] - one.lse[b][i]) <= 1e-5 * std::max(1.0, std::abs(one.lse[b][i])))) ++bad_lse;
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(bad_lse, 0);
+      EXPECT_EQ(got.stray.o + got.stray.lse, 0) << got.stray.where;
+    }
+  }
+}
+
+// Serving's call: packed query lengths (0 among them), a paged cache with random keys per sequence
+// (seqused_k), pages of 16 and 256, GQA 32:8, causal (speculative decoding) and not, guard rows.
+TEST(FwdGpu, DecodePagedVarlen) {
+  FA3_REQUIRE_GPU();
+  int n = 0;
+  for (int page : {16, 256, 64})
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.batch = 5;
+      c.page_size = page;
+      c.varlen_q = {1, 4, 0, 3, 1};
+      c.varlen_k = {1000, 4, 37, 0, 2049};
+      c.heads_q = 32;
+      c.heads_kv = 8;
+      c.causal = causal;
+      c.guard_rows = 9;
+      c.workspace = true;
+      c.num_splits = n++ % 2 ? 0 : 5;
+      EXPECT_TRUE(on_decode_kernel(c)) << c.name() << " reached " << instance_of(c);
+      run_fwd_case(c);
+    }
+  // Dense queries, cache lengths as seqused_k, contiguous.
+  FwdCase c;
+  c.batch = 3;
+  c.seqlen_q = 2;
+  c.seqlen_k = 3000;
+  c.seqused_k = {3000, 1, 1500};
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.causal = true;
+  c.workspace = true;
+  EXPECT_TRUE(on_decode_kernel(c)) << c.name();
+  run_fwd_case(c);
+}
+
+// Several host threads, a stream each, decoding at the same time (serving engines' workers).
+TEST(FwdGpu, DecodeFromSeveralThreads) {
+  FA3_REQUIRE_GPU();
+  constexpr int kThreads = 4;
+  std::vector<FwdData> data;
+  for (int t = 0; t < kThreads; ++t) {
+    FwdCase c;
+    c.seqlen_q = 1 + t;
+    c.seqlen_k = 3000 + 100 * t;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = true;
+    c.workspace = true;
+    data.push_back(make_fwd_data(c, true));
+  }
+  std::vector<Status> st(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      cudaStream_t stream = nullptr;
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        st[t] = Status(FA3_ERROR_CUDA, "stream");
+        return;
+      }
+      for (int i = 0; i < 20 && st[t].ok(); ++i) st[t] = fa3::forward(data[t].args, stream);
+      if (st[t].ok() && cudaStreamSynchronize(stream) != cudaSuccess) st[t] = Status(FA3_ERROR_CUDA, "sync failed");
+      cudaStreamDestroy(stream);
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(st[t].ok()) << st[t].message();
+    expect_close(compare(download_outputs(data[t]), ref::forward(data[t].prob, data[t].in), true), data[t].c.name());
+  }
+}
+
+// Bad decode arguments get an error naming them: explicit splits without their workspace, too
+// many splits, a misaligned workspace; a small workspace with automatic splits takes fewer, and
+// none takes one split (the decode kernel writes O itself).
+TEST(FwdGpu, DecodeBadArguments) {
+  FA3_REQUIRE_GPU();
+  FwdCase c;
+  c.seqlen_q = 1;
+  c.seqlen_k = 5000;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.workspace = true;
+  FwdData d = make_fwd_data(c, true);
+  fa3::FwdArgs a = d.args;
+  a.num_splits = 8;
+  a.workspace = nullptr;
+  a.workspace_bytes = 0;
+  Status st = fa3::forward(a);
+  EXPECT_EQ(st.code(), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("workspace_bytes"), std::string::npos) << st.message();
+  a.num_splits = 129;
+  st = fa3::forward(a);
+  EXPECT_EQ(st.code(), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("num_splits"), std::string::npos) << st.message();
+  a = d.args;
+  a.workspace = static_cast<char*>(a.workspace) + 4;
+  a.workspace_bytes -= 16;
+  st = fa3::forward(a);
+  EXPECT_EQ(st.code(), FA3_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.message();
+  // One split needs no workspace; automatic splits in a workspace that holds two take two.
+  a = d.args;
+  a.num_splits = 1;
+  size_t bytes = 1;
+  ASSERT_TRUE(fa3::workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, 0u);
+  a.num_splits = 2;
+  ASSERT_TRUE(fa3::workspace_size(a, &bytes).ok());
+  a.num_splits = 0;
+  a.workspace_bytes = bytes;
+  poison_outputs(d);
+  st = fa3::forward(a);
+  ASSERT_TRUE(st.ok()) << st.message();
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_close(compare(download_outputs(d), ref::forward(d.prob, d.in), true), c.name() + " small workspace");
+  a.workspace = nullptr;
+  a.workspace_bytes = 0;
+  EXPECT_TRUE(on_decode_kernel(c));
+  poison_outputs(d);
+  st = fa3::forward(a);
+  ASSERT_TRUE(st.ok()) << st.message();
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_close(compare(download_outputs(d), ref::forward(d.prob, d.in), true), c.name() + " no workspace");
+}
+
+// fa3::combine on its own against double math: FlashAttention-3's layouts [splits, batch, seqlen,
+// heads, d] / [splits, batch, seqlen, heads], splits of weight 0 holding NaN (never read), a row no
+// split saw (O = 0, LSE = -inf), packed rows with seqused (rows past it keep their poison), every
+// output dtype, head dims 4..256, 1..128 splits.
+TEST(FwdGpu, CombineAgainstCpu) {
+  FA3_REQUIRE_GPU();
+  struct Case {
+    int splits, batch, seqlen, heads, dim;
+    fa3_dtype dtype;
+    bool packed;
+  };
+  const Case cases[] = {{5, 3, 7, 4, 64, FA3_DTYPE_FP32, false}, {1, 2, 3, 2, 4, FA3_DTYPE_BF16, false},
+                        {128, 1, 3, 3, 256, FA3_DTYPE_FP16, false}, {33, 3, 5, 2, 136, FA3_DTYPE_BF16, true}};
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::to_string(k.splits) + " splits d" + std::to_string(k.dim));
+    const int64_t rows = int64_t(k.batch) * k.seqlen;  // packed: the same rows, cu_seqlens 0, s, 2s, ...
+    std::vector<float> o(size_t(k.splits) * rows * k.heads * k.dim), l(size_t(k.splits) * rows * k.heads);
+    for (auto& x : o) x = nd(g);
+    for (size_t i = 0; i < l.size(); ++i) l[i] = 3 * nd(g);
+    auto lidx = [&](int s, int64_t r, int h) { return (int64_t(s) * rows + r) * k.heads + h; };
+    for (int s = 0; s < k.splits; ++s) {
+      if (s >= 1) l[lidx(s, 0, 0)] = -INFINITY;  // row 0 head 0: only split 0
+      l[lidx(s, 1, 0)] = -INFINITY;              // row 1 head 0: no split
+      if (s % 3 == 2)
+        for (int x = 0; x < k.dim; ++x) o[lidx(s, 2, 1 % k.heads) * k.dim + x] = NAN, l[lidx(s, 2, 1 % k.heads)] = -INFINITY;
+    }
+    DeviceBuffer dop(o.size() * 4), dlp(l.size() * 4);
+    dop.upload(o.data(), o.size() * 4);
+    dlp.upload(l.data(), l.size() * 4);
+    const int64_t esize = k.dtype == FA3_DTYPE_FP32 ? 4 : 2;
+    DeviceBuffer dout(rows * k.heads * k.dim * esize), dlse(rows * k.heads * 4);
+    dout.fill_bytes(0xFF);
+    dlse.fill_bytes(0xFF);
+    std::vector<int> cu, used;
+    for (int b = 0; b <= k.batch; ++b) cu.push_back(b * k.seqlen);
+    for (int b = 0; b < k.batch; ++b) used.push_back(b == 1 ? 1 : k.seqlen);
+    DeviceBuffer dcu(cu.size() * 4), dused(used.size() * 4);
+    dcu.upload(cu.data(), cu.size() * 4);
+    dused.upload(used.data(), used.size() * 4);
+    fa3::CombineArgs c;
+    c.out_dtype = k.dtype;
+    c.num_splits = k.splits;
+    c.batch = k.batch;
+    c.seqlen = k.seqlen;
+    c.heads = k.heads;
+    c.head_dim = k.dim;
+    c.out_partial = static_cast<const float*>(dop.get());
+    c.out_partial_split_stride = rows * k.heads * k.dim;
+    c.out_partial_batch_stride = int64_t(k.seqlen) * k.heads * k.dim;
+    c.out_partial_row_stride = int64_t(k.heads) * k.dim;
+    c.out_partial_head_stride = k.dim;
+    c.lse_partial = static_cast<const float*>(dlp.get());
+    c.lse_partial_split_stride = rows * k.heads;
+    c.lse_partial_batch_stride = int64_t(k.seqlen) * k.heads;
+    c.lse_partial_row_stride = k.heads;
+    c.lse_partial_head_stride = 1;
+    c.out = {dout.get(), int64_t(k.seqlen) * k.heads * k.dim, int64_t(k.heads) * k.dim, k.dim};
+    c.lse = static_cast<float*>(dlse.get());
+    c.lse_batch_stride = int64_t(k.seqlen) * k.heads;
+    c.lse_row_stride = k.heads;
+    c.lse_head_stride = 1;
+    if (k.packed) {
+      c.cu_seqlens = static_cast<const int32_t*>(dcu.get());
+      c.seqused = static_cast<const int32_t*>(dused.get());
+    }
+    const Status st = fa3::combine(c);
+    ASSERT_TRUE(st.ok()) << st.message();
+    FA3_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint8_t> got_o(rows * k.heads * k.dim * esize);
+    std::vector<float> got_l(rows * k.heads);
+    dout.download(got_o.data(), got_o.size());
+    dlse.download(got_l.data(), got_l.size() * 4);
+    auto value = [&](int64_t i) -> double {
+      if (k.dtype == FA3_DTYPE_FP32) return reinterpret_cast<const float*>(got_o.data())[i];
+      uint16_t u = reinterpret_cast<const uint16_t*>(got_o.data())[i];
+      if (k.dtype == FA3_DTYPE_BF16) {
+        uint32_t w = uint32_t(u) << 16;
+        float f;
+        std::memcpy(&f, &w, 4);
+        return f;
+      }
+      return static_cast<double>(__half2float(*reinterpret_cast<const __half*>(&u)));
+    };
+    const double tol = k.dtype == FA3_DTYPE_FP32 ? 1e-5 : k.dtype == FA3_DTYPE_BF16 ? 1e-2 : 2e-3;
+    long bad = 0, poisoned = 0;
+    for (int b = 0; b < k.batch; ++b)
+      for (int i = 0; i < k.seqlen; ++i)
+        for (int h = 0; h < k.heads; ++h) {
+          const int64_t r = int64_t(b) * k.seqlen + i, orow = (r * k.heads + h) * k.dim;
+          const bool owned = !k.packed || i < used[b];
+          if (!owned) {  // untouched: the 0xFF poison
+            uint32_t bits;
+            std::memcpy(&bits, &got_l[r * k.heads + h], 4);
+            poisoned += bits == 0xFFFFFFFFu ? 0 : 1;
+            continue;
+          }
+          double m = -INFINITY;
+          for (int s = 0; s < k.splits; ++s) m = std::max(m, double(l[lidx(s, r, h)]));
+          double sum = 0;
+          for (int s = 0; s < k.splits; ++s) sum += m == -INFINITY ? 0 : std::exp(l[lidx(s, r, h)] - m);
+          const double lse = m == -INFINITY ? -INFINITY : m + std::log(sum);
+          const double gl = got_l[r * k.heads + h];
+          if (!(lse == -INFINITY ? gl == -INFINITY : std::abs(gl - lse) <= 1e-5 * std::max(1.0, std::abs(lse)))) ++bad;
+          for (int x = 0; x < k.dim; ++x) {
+            double want = 0;
+            for (int s = 0; s < k.splits; ++s)
+              if (m != -INFINITY && l[lidx(s, r, h)] != -INFINITY)
+                want += std::exp(l[lidx(s, r, h)] - lse) * o[lidx(s, r, h) * k.dim + x];
+            const double got = value(orow + x);
+            if (!(std::abs(got - want) <= tol * std::max(1.0, std::abs(want)))) ++bad;
+          }
+        }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(poisoned, 0) << "rows past seqused were written";
+  }
+  // Bad arguments name themselves.
+  fa3::CombineArgs c;
+  c.num_splits = 129;
+  EXPECT_NE(fa3::validate(c).message().find("num_splits"), std::string::npos);
+  c.num_splits = 2;
+  c.batch = c.seqlen = c.heads = 1;
+  c.head_dim = 6;
+  EXPECT_NE(fa3::validate(c).message().find("head_dim"), std::string::npos);
+}
 
 TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
   FA3_REQUIRE_GPU();

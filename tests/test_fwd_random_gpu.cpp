@@ -162,6 +162,19 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
     if (g.chance(0.7)) c.seqused_k = used(std::vector<int>(c.batch, c.seqlen_k));
   }
 
+  // The decode path (split-KV, pack-GQA): a workspace with automatic or explicit splits; most of
+  // these with decode-length queries (longer ones take it only with num_splits > 1).
+  if (g.chance(0.2)) {
+    c.workspace = true;
+    c.num_splits = g.pick<int>({{0, 2}, {1, 1}, {2, 1}, {5, 1}, {64, 0.5}});
+    if (g.chance(0.7)) {
+      c.seqlen_q = std::min(c.seqlen_q, g.uniform(1, 8));
+      for (int& x : c.varlen_q) x = std::min(x, g.uniform(0, 8));
+      for (size_t b = 0; b < c.seqused_q.size(); ++b)
+        c.seqused_q[b] = std::min(c.seqused_q[b], c.varlen_q.empty() ? c.seqlen_q : c.varlen_q[b]);
+    }
+  }
+
   // Masks: none, causal, causal with a left window, or a two-sided window (either side unbounded).
   const int span = std::max(c.seqlen_q, c.seqlen_k);
   auto window = [&] { return g.chance(0.5) ? g.uniform(0, 64) : g.uniform(0, std::max(span, 1)); };
@@ -302,6 +315,7 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     ++covered[rows_name(rows)];
     if (c.softcap > 0) ++covered["softcap"];
     if (c.page_size > 0) ++covered["paged"];
+    if (c.workspace) ++covered["workspace (decode path)"];
     if (c.head_dim_v != c.head_dim) ++covered["d_qk != d_v"];
     if (c.causal) ++covered["causal"];
     if (c.window_left >= 0 || c.window_right >= 0) ++covered["window"];

@@ -12,6 +12,8 @@
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_prepost.cuh"
 #include "src/hopper/wgmma.cuh"
+#include "src/attention/split_plan.h"
+#include "src/attention/tile_rows.cuh"
 #include "src/attention/tile_scheduler.cuh"
 
 namespace fa3::attn {
@@ -232,6 +234,69 @@ TEST(BlockRange, SplitsPartitionTheRange) {
 // The backward's dQ accumulator layout: the postprocess reads element (row, column) of a query
 // block where the consumer staged it (register i of thread t at part * 4096 + i * 128 + t, the
 // accumulator's own row/column formula), and every slot of a block is used exactly once.
+// The decode kernel's walk: every (m_block, tile head, split, batch) once, over any grid.
+TEST(TileScheduler, SplitWalkEveryTileExactlyOnce) {
+  for (int grid : {1, 7, 132})
+    for (int group : {1, 4, 8}) {
+      FwdKernelParams p{};
+      p.batch = 3;
+      p.heads_q = 16;
+      p.pack_group = group;
+      p.num_m_blocks = 2;
+      p.num_splits = 5;
+      p.num_tiles = p.batch * (p.heads_q / group) * p.num_m_blocks * p.num_splits;
+      std::vector<int> seen(p.num_tiles, 0);
+      for (int cta = 0; cta < grid; ++cta) {
+        WorkTile w;
+        for (int step = 0; split_tile_at_step(step, cta, grid, p, w); ++step) {
+          ASSERT_TRUE(w.m_block < p.num_m_blocks && w.head < p.heads_q / group && w.split < p.num_splits &&
+                      w.batch < p.batch);
+          ++seen[((w.batch * p.num_splits + w.split) * (p.heads_q / group) + w.head) * p.num_m_blocks + w.m_block];
+        }
+      }
+      for (int v : seen) EXPECT_EQ(v, 1) << "grid " << grid << " group " << group;
+    }
+}
+
+// Pack-GQA rows: each (query, head) of a tile exactly once, query = m * S + r % S.
+TEST(TileRows, PackedRowsCoverQueriesTimesHeads) {
+  for (int group : {1, 2, 4, 8, 16, 32, 64}) {
+    FwdKernelParams p{};
+    p.pack_group = p.head_ratio = group;
+    const int queries = 64 / group;
+    while ((1 << p.pack_queries_log2) < queries) ++p.pack_queries_log2;
+    using Rows = TileRows<64, true>;
+    ASSERT_EQ(Rows::queries(p), queries);
+    std::vector<int> seen(64, 0);
+    for (int r = 0; r < 64; ++r) {
+      const int q = Rows::query(p, 3, r), h = Rows::head(p, 5, r);
+      ASSERT_TRUE(q >= 3 * queries && q < 4 * queries && h >= 5 * group && h < 6 * group) << group << " " << r;
+      ++seen[(q - 3 * queries) * group + (h - 5 * group)];
+      EXPECT_EQ(Rows::kv_head(p, 5), 5);
+    }
+    for (int v : seen) EXPECT_EQ(v, 1);
+  }
+}
+
+// Automatic splits: none where the tiles fill the SMs, never fewer than four key blocks per split
+// nor more than 128 splits, and enough CTAs for most SMs otherwise (one wave where it fits: 8 tiles
+// x 16 splits on 132 SMs).
+TEST(SplitPlan, AutomaticSplits) {
+  EXPECT_EQ(auto_num_splits(512, 32, 132), 1);
+  EXPECT_EQ(auto_num_splits(120, 1000, 132), 1);
+  EXPECT_EQ(auto_num_splits(8, 1024, 132), 16);
+  EXPECT_EQ(auto_num_splits(8, 32, 132), 8);
+  EXPECT_EQ(auto_num_splits(64, 256, 132), 2);
+  EXPECT_EQ(auto_num_splits(33, 1024, 132), 4);
+  for (int64_t tiles : {1, 2, 8, 33, 64, 100})
+    for (int blocks : {1, 2, 5, 32, 256, 1024}) {
+      const int s = auto_num_splits(tiles, blocks, 132);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, std::max(1, std::min(128, blocks / 4)));
+      if (blocks >= 1024) EXPECT_GE(tiles * s, 100) << tiles << " tiles " << blocks << " blocks";
+    }
+}
+
 TEST(BwdLayout, DqAccumIndexMatchesTheAccumulator) {
   for (int d : {64, 128}) {
     std::vector<int> seen(64 * d, 0);

@@ -550,14 +550,22 @@ TEST_F(FwdValidation, NumSplitsNegative) {
   EXPECT_TRUE(Invalid(fa3::validate(a), "num_splits"));
 }
 
-TEST_F(FwdValidation, NumSplits4NotSupported) {
-  a.num_splits = 4;
-  EXPECT_TRUE(Fails(fa3::validate(a), FA3_ERROR_NOT_SUPPORTED, "num_splits"));
+TEST_F(FwdValidation, NumSplitsUpTo128) {
+  a.num_splits = 128;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.num_splits = 129;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "num_splits"));
 }
 
 TEST_F(FwdValidation, WorkspaceNullWithBytes) {
   a.workspace_bytes = 1024;
   EXPECT_TRUE(Invalid(fa3::validate(a), "workspace"));
+}
+
+TEST_F(FwdValidation, WorkspaceMisaligned) {
+  a.workspace = fake(0x900004);
+  a.workspace_bytes = 1024;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "16-byte aligned"));
 }
 
 // ------------------------------------------------------------ C ABI and calls ----

@@ -3,14 +3,14 @@
 # benchmark + ablation, compare.py against cuDNN/FA2 in one process; logs/JSON/PNG to $OUT;
 # a short summary table last.
 #
-#   tools/gpu-check.sh [all|tests|bench|compare|bwd|sanitize|python|pip]...   (default: all)
+#   tools/gpu-check.sh [all|tests|bench|compare|bwd|decode|sanitize|python|pip]...   (default: all)
 #
 # On another machine, carrying a build made here (no rebuild there):
 #   cmake --workflow --preset release && tools/pack-build.sh      # here
 #   FA3_BUILD=build/carry tools/gpu-check.sh                     # there, build/carry copied along
 # Environment: OUT (default ./out), FA3_BUILD (default build/release), TEST_FILTER (gtest filter),
 # COMPARE_ARGS (extra compare.py flags, default --quick), BWD_ARGS (extra compare_bwd.py flags),
-# BENCH_ARGS (extra fa3-bench flags),
+# BENCH_ARGS (extra fa3-bench flags), DECODE_ARGS (extra compare_decode.py flags),
 # SANITIZE_FILTER / SANITIZE_TOOLS / SANITIZE_RANDOM_CASES / SANITIZE_TIMEOUT (the sanitizer step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +77,13 @@ if want bwd; then
   note "compare_bwd.py" "exit ${PIPESTATUS[0]}"
 fi
 
+if want decode; then
+  echo "== compare_decode.py (fa3 decoding vs cuDNN vs FA2, one process)"
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/compare_decode.py --lib "$BUILD/libfa3.so" ${DECODE_ARGS:-} \
+    --json "$OUT/compare_decode.json" 2>&1 | tee "$OUT/compare_decode.log"
+  note "compare_decode.py" "exit ${PIPESTATUS[0]}"
+fi
+
 if want python; then
   # The Python package's tests (CPU and GPU parts) on the carried or built _C.so, then the host
   # cost of a call from PyTorch.
@@ -113,5 +120,6 @@ for line in "${summary[@]}"; do echo "$line"; done
 [ -f "$OUT/compare.log" ] && grep -E "^ *(64|96|128|192|256) " "$OUT/compare.log" | head -40
 [ -f "$OUT/compare.log" ] && sed -n '/extras summary/,$p' "$OUT/compare.log" | head -30
 [ -f "$OUT/torch_overhead.log" ] && cat "$OUT/torch_overhead.log"
+[ -f "$OUT/compare_decode.log" ] && sed -n '/^# summary/,$p' "$OUT/compare_decode.log" | head -30
 [ -f "$OUT/compare_bwd.log" ] && grep -E "^ *(64|96|128|192|256) |geometric|PROBLEM" "$OUT/compare_bwd.log" | head -40
 exit 0

@@ -48,6 +48,10 @@ struct BwdArgs : fa3_bwd_params {
   BwdArgs() { fa3_bwd_params_init(this); }
 };
 
+struct CombineArgs : fa3_combine_params {
+  CombineArgs() { fa3_combine_params_init(this); }
+};
+
 // A contiguous [batch, seqlen, heads, head_dim] tensor.
 inline Tensor bshd(void* data, int64_t seqlen, int64_t heads, int64_t head_dim) {
   return Tensor{data, seqlen * heads * head_dim, heads * head_dim, head_dim};
@@ -59,6 +63,9 @@ FA3_API Status workspace_size(const FwdArgs& args, size_t* bytes);
 FA3_API Status backward(const BwdArgs& args, CUstream_st* stream = nullptr);
 FA3_API Status validate(const BwdArgs& args);
 FA3_API Status workspace_size(const BwdArgs& args, size_t* bytes);
+// Merges split results (fa3_c.h, fa3_combine_params).
+FA3_API Status combine(const CombineArgs& args, CUstream_st* stream = nullptr);
+FA3_API Status validate(const CombineArgs& args);
 
 // "hopper" or "reference-gpu": the implementation forward() picks for these arguments.
 FA3_API Status kernel_name(const FwdArgs& args, const char** name);

@@ -157,6 +157,41 @@ FA3_API fa3_status fa3_backward(const fa3_bwd_params* params, fa3_stream_t strea
  * "reference-gpu" (the simple fp32 kernels that cover every backward feature). */
 FA3_API fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* params, const char** name);
 
+/* Combine: merges partial attention results over splits of the keys (split-KV, context
+ * parallelism, cascade attention) through their log-sum-exps:
+ *   LSE = log(sum_s exp(lse_s)),  O = sum_s exp(lse_s - LSE) * O_s.
+ * A split with lse_s = -inf (its keys hidden from the row) gets weight 0 and its O_s is not read;
+ * a row whose splits are all -inf gets O = 0 and LSE = -inf. fa3_forward runs the same kernel on its
+ * workspace when it splits (num_splits). Element strides; the last (head-dim) stride is 1. */
+typedef struct fa3_combine_params {
+  uint32_t struct_size; /* set by fa3_combine_params_init */
+  fa3_dtype out_dtype;  /* of out: fp16, bf16 or fp32 */
+  int32_t num_splits;   /* 1 .. 128 */
+  int32_t batch;
+  int32_t seqlen; /* rows per batch entry (with cu_seqlens: the longest) */
+  int32_t heads;
+  int32_t head_dim; /* a multiple of 4, <= 256 */
+  /* float32 partial outputs: split s, batch b, row i, head h at
+   * out_partial + s*split_stride + b*batch_stride + i*row_stride + h*head_stride (+ column);
+   * 16-byte aligned, strides multiples of 4. FlashAttention-3's [splits, batch, seqlen, heads, d]. */
+  const float* out_partial;
+  int64_t out_partial_split_stride, out_partial_batch_stride, out_partial_row_stride, out_partial_head_stride;
+  /* float32 partial LSEs (natural log), [splits, batch, seqlen, heads] in FlashAttention-3. */
+  const float* lse_partial;
+  int64_t lse_partial_split_stride, lse_partial_batch_stride, lse_partial_row_stride, lse_partial_head_stride;
+  fa3_tensor out; /* [batch, seqlen, heads, head_dim] of out_dtype; 8-byte aligned rows (16 for fp32) */
+  float* lse;     /* optional (NULL): the merged LSE with the strides below */
+  int64_t lse_batch_stride, lse_row_stride, lse_head_stride;
+  /* Optional, int32 device arrays: packed rows (row of (b, i) = cu_seqlens[b] + i in every tensor,
+   * batch strides ignored; batch + 1 entries) and the rows used per batch entry (batch entries). */
+  const int32_t* cu_seqlens;
+  const int32_t* seqused;
+} fa3_combine_params;
+
+FA3_API void fa3_combine_params_init(fa3_combine_params* params);
+/* One kernel on `stream`; no allocation, no synchronisation. */
+FA3_API fa3_status fa3_combine(const fa3_combine_params* params, fa3_stream_t stream);
+
 /* The message of the last failed call on this thread ("" after a successful call). */
 FA3_API const char* fa3_last_error(void);
 

@@ -1,6 +1,6 @@
 """fa3's dispatcher operators: loading the compiled library, fake kernels and autograd.
 
-The operators themselves (``torch.ops.fa3.fwd`` and ``torch.ops.fa3.bwd``) are C++ (src/torch/
+The operators themselves (``torch.ops.fa3.fwd``, ``torch.ops.fa3.bwd``, ``torch.ops.fa3.combine``) are C++ (src/torch/
 torch_ops.cpp) built against PyTorch's stable ABI. What PyTorch needs besides the CUDA kernel is
 registered here: a fake (meta) kernel per operator, so that torch.compile, torch.export and
 FakeTensor tracing know the output shapes without running anything, and the autograd formula of
@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["available", "library_path", "fwd", "bwd", "load_error"]
+__all__ = ["available", "library_path", "fwd", "bwd", "combine", "load_error"]
 
 _LIB_PATH: Optional[str] = None
 _LOAD_ERROR: Optional[str] = None
@@ -111,7 +111,25 @@ def bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, s
         deterministic)
 
 
+# fa3_dtype codes of the combine's output dtype (fa3_c.h).
+COMBINE_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 3}
+
+
+def combine(out_partial, lse_partial, out_dtype):
+    """(out, lse) = fa3::combine(out_partial [splits, b, s, h, d] fp32, lse_partial [splits, b, s, h]
+    fp32) in out_dtype (float16, bfloat16 or float32)."""
+    _require()
+    return torch.ops.fa3.combine.default(out_partial, lse_partial, COMBINE_DTYPES[out_dtype])
+
+
 # ---- fake kernels (shapes only; the same allocation rules as torch_ops.cpp) ---------------------
+def _combine_fake(out_partial, lse_partial, out_dtype):
+    dtype = {code: dt for dt, code in COMBINE_DTYPES.items()}[out_dtype]
+    _, b, s, h, d = out_partial.shape
+    return (out_partial.new_empty((b, s, h, d), dtype=dtype),
+            out_partial.new_empty((b, s, h), dtype=torch.float32))
+
+
 def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
               max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
               v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
@@ -219,6 +237,8 @@ if _LIB_PATH is not None:
     # message; this one says what is expected.
     torch.library.register_kernel("fa3::fwd", "cpu")(_cpu_kernel("fwd"))
     torch.library.register_kernel("fa3::bwd", "cpu")(_cpu_kernel("bwd"))
+    torch.library.register_kernel("fa3::combine", "cpu")(_cpu_kernel("combine"))
     torch.library.register_fake("fa3::fwd")(_fwd_fake)
     torch.library.register_fake("fa3::bwd")(_bwd_fake)
+    torch.library.register_fake("fa3::combine")(_combine_fake)
     _register_autograd()

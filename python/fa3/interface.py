@@ -248,11 +248,28 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out
                        out_dtype=None):
     """Merges split results through their LSEs: out_partial [splits, ..., heads, d] float32,
     lse_partial [splits, ..., heads] (FlashAttention-3's [splits, batch, seqlen, heads]) ->
-    (out [..., heads, d], lse [..., heads]). Splits with lse = -inf contribute nothing; PyTorch
-    operations (a fused combine kernel comes with split-KV)."""
+    (out [..., heads, d], lse [..., heads]). Splits with lse = -inf contribute nothing (their
+    partial rows are not read). CUDA tensors of up to 128 splits and head dims that are multiples of
+    4 up to 256 run fa3's combine kernel (the one split-KV uses); others PyTorch operations."""
     if out_partial.dim() != lse_partial.dim() + 1 or out_partial.shape[:-1] != lse_partial.shape:
         raise ValueError(f"fa3: lse_partial: expected shape {tuple(out_partial.shape[:-1])} "
                          f"(out_partial's without head_dim), got {tuple(lse_partial.shape)}")
+    dtype = out_dtype or (out.dtype if out is not None else out_partial.dtype)
+    splits, d = out_partial.shape[0], out_partial.shape[-1]
+    if (out_partial.is_cuda and _ops.available() and out_partial.dim() >= 3 and 1 <= splits <= 128
+            and d % 4 == 0 and d <= 256 and dtype in _ops.COMBINE_DTYPES):
+        lead = out_partial.shape[1:-2]  # [..., heads] -> [batch = prod(...), 1, heads]
+        op = out_partial.float().reshape(splits, -1, 1, out_partial.shape[-2], d)
+        if op.stride(-1) != 1 or any(st % 4 for st in op.stride()[:-1]) or op.data_ptr() % 16:
+            op = op.contiguous()
+        lp = lse_partial.float().reshape(splits, op.shape[1], 1, op.shape[3])
+        merged, lse = _ops.combine(op, lp, dtype)
+        merged = merged.reshape(*lead, out_partial.shape[-2], d)
+        lse = lse.reshape(*lead, out_partial.shape[-2])
+        if out is not None:
+            out.copy_(merged)
+            merged = out
+        return merged, lse
     lse_partial = lse_partial.float()
     lse = torch.logsumexp(lse_partial, dim=0)
     # A row whose splits are all empty has lse = -inf: give it weight 0, not NaN.

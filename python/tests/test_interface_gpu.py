@@ -334,3 +334,55 @@ def test_head_dim_strided_inputs_are_copied_not_refused():
         assert rel_err(got, want) <= 1e-2
     with pytest.raises(ValueError, match="softmax_scale"):
         fa3.flash_attn_func(q, k, v, softmax_scale=0.0)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 3, 16])
+@pytest.mark.parametrize("s_q,causal", [(1, False), (4, True)])
+def test_decode_splits_match_float64(num_splits, s_q, causal):
+    """Decodes run fa3's decode kernel (pack-GQA, split-KV, the combine kernel)."""
+    torch.manual_seed(11)
+    q = rand(3, s_q, 32, 128, dtype=torch.bfloat16)
+    k, v = rand(3, 3001, 8, 128, dtype=torch.bfloat16), rand(3, 3001, 8, 128, dtype=torch.bfloat16)
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, num_splits=num_splits, return_attn_probs=True)[:2]
+    ref, ref_lse = ref_attention(q, k, v, causal=causal)
+    assert rel_err(out, ref) <= 1e-2
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-3
+
+
+def test_combine_kernel_matches_float64():
+    torch.manual_seed(12)
+    splits, b, s, h, d = 5, 3, 7, 4, 64
+    out_p = torch.randn(splits, b, s, h, d, device=DEV)
+    lse_p = torch.randn(splits, b, s, h, device=DEV) * 3
+    lse_p[2:, 0] = -math.inf          # rows where some splits saw no key
+    lse_p[:, 1, 0] = -math.inf        # a row no split saw: output 0, lse -inf
+    out_p[3, 0] = float("nan")        # a split of weight 0 is not read
+    for dtype in (torch.float32, torch.bfloat16):
+        out, lse = fa3.flash_attn_combine(out_p, lse_p, out_dtype=dtype)
+        ref_lse = torch.logsumexp(lse_p.double(), dim=0)
+        w = torch.exp(lse_p.double() - ref_lse.masked_fill(torch.isinf(ref_lse), 0).unsqueeze(0))
+        ref = (w.unsqueeze(-1) * torch.nan_to_num(out_p.double(), nan=0.0)).sum(0)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        assert rel_err(out, ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+        fin = torch.isfinite(ref_lse)
+        assert (lse.double()[fin] - ref_lse[fin]).abs().max().item() <= 1e-5
+
+
+def test_cuda_graph_capture_of_a_decode():
+    torch.manual_seed(13)
+    q = rand(2, 1, 16, 128, dtype=torch.bfloat16)
+    k, v = rand(2, 5000, 2, 128, dtype=torch.bfloat16), rand(2, 5000, 2, 128, dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fa3.flash_attn_func(q, k, v, num_splits=0)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = fa3.flash_attn_func(q, k, v, num_splits=0)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, fa3.flash_attn_func(q, k, v, num_splits=0))

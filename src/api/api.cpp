@@ -1,4 +1,6 @@
 // The public calls: validate, check the device, pick an implementation, launch.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -8,6 +10,7 @@
 #include "src/api/problem.h"
 #include "src/api/status.h"
 #include "src/api/validate.h"
+#include "src/attention/combine.h"
 
 namespace fa3 {
 namespace detail {
@@ -34,13 +37,21 @@ Status check_device() {
   return ok();
 }
 
-// A host pointer passed as a device tensor would fault inside the kernel: say so up front.
+// A host pointer passed as a device tensor would fault inside the kernel: say so up front. Each
+// thread remembers the last pointers it found in device memory (a call mostly repeats the previous
+// call's tensors; cudaPointerGetAttributes was ~0.3 us per pointer of the host path): CUDA keeps
+// its device address ranges reserved, so such an address does not become host memory later.
 Status check_device_pointer(const void* ptr, const char* name) {
   if (ptr == nullptr) return ok();
+  constexpr int kRemembered = 64;
+  thread_local const void* known[kRemembered] = {};
+  const size_t slot = (reinterpret_cast<uintptr_t>(ptr) >> 8) % kRemembered;
+  if (known[slot] == ptr) return ok();
   cudaPointerAttributes attr{};
   FA3_CUDA_TRY(cudaPointerGetAttributes(&attr, ptr));
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     return invalid(std::string(name) + " must point to device memory (got a host or unregistered pointer)");
+  known[slot] = ptr;
   return ok();
 }
 
@@ -75,8 +86,8 @@ Status kernel_name_impl(const fa3_fwd_params* p, const char** name) {
 Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_fwd(p));
-  *bytes = 0;  // no forward path needs scratch memory yet (split-KV will)
-  return ok();
+  *bytes = 0;  // only the decode path (split-KV, pack-GQA) needs scratch
+  return hopper_fwd_workspace_bytes(make_problem(*p), bytes);
 }
 
 bool bwd_on_hopper(const FwdProblem& f) { return hopper_bwd_unsupported_reason(f) == nullptr; }
@@ -117,6 +128,47 @@ Status bwd_kernel_name_impl(const fa3_bwd_params* p, const char** name) {
   return ok();
 }
 
+Status combine_impl(const fa3_combine_params* p, cudaStream_t stream, bool check_pointers = true) {
+  FA3_TRY(validate_combine(p));
+  FA3_TRY(check_device());
+  const std::pair<const void*, const char*> ptrs[] = {{p->out_partial, "out_partial"}, {p->lse_partial, "lse_partial"},
+                                                      {p->out.data, "out.data"},       {p->lse, "lse"},
+                                                      {p->cu_seqlens, "cu_seqlens"},   {p->seqused, "seqused"}};
+  if (check_pointers)
+    for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
+  attn::CombineParams c{};
+  c.o_partial = p->out_partial;
+  c.op_split = p->out_partial_split_stride;
+  c.op_batch = p->out_partial_batch_stride;
+  c.op_row = p->out_partial_row_stride;
+  c.op_head = p->out_partial_head_stride;
+  c.lse_partial = p->lse_partial;
+  c.lp_split = p->lse_partial_split_stride;
+  c.lp_batch = p->lse_partial_batch_stride;
+  c.lp_row = p->lse_partial_row_stride;
+  c.lp_head = p->lse_partial_head_stride;
+  c.out = p->out.data;
+  c.o_batch = p->out.batch_stride;
+  c.o_row = p->out.row_stride;
+  c.o_head = p->out.head_stride;
+  c.lse = p->lse;
+  c.l_batch = p->lse_batch_stride;
+  c.l_row = p->lse_row_stride;
+  c.l_head = p->lse_head_stride;
+  c.num_splits = p->num_splits;
+  c.batch = p->batch;
+  c.seqlen = p->seqlen;
+  c.heads = p->heads;
+  c.head_dim = p->head_dim;
+  c.cu_seqlens = p->cu_seqlens;
+  c.seqused = p->seqused;
+  switch (p->out_dtype) {
+    case FA3_DTYPE_FP16: return attn::launch_combine<__half>(c, stream);
+    case FA3_DTYPE_BF16: return attn::launch_combine<__nv_bfloat16>(c, stream);
+    default: return attn::launch_combine<float>(c, stream);
+  }
+}
+
 fa3_status remember(const Status& st) {
   set_last_error(st);
   return st.code();
@@ -130,6 +182,9 @@ Status forward_device_tensors(const FwdArgs& args, cudaStream_t stream) {
 Status backward_device_tensors(const BwdArgs& args, cudaStream_t stream) {
   return backward_impl(&args, stream, /*check_pointers=*/false);
 }
+Status combine_device_tensors(const CombineArgs& args, cudaStream_t stream) {
+  return combine_impl(&args, stream, /*check_pointers=*/false);
+}
 
 }  // namespace detail
 
@@ -141,6 +196,8 @@ Status backward(const BwdArgs& args, CUstream_st* stream) { return detail::backw
 Status kernel_name(const BwdArgs& args, const char** name) { return detail::bwd_kernel_name_impl(&args, name); }
 Status validate(const BwdArgs& args) { return detail::validate_bwd(&args); }
 Status workspace_size(const BwdArgs& args, size_t* bytes) { return detail::bwd_workspace_impl(&args, bytes); }
+Status combine(const CombineArgs& args, CUstream_st* stream) { return detail::combine_impl(&args, stream); }
+Status validate(const CombineArgs& args) { return detail::validate_combine(&args); }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -195,6 +252,15 @@ fa3_status fa3_backward(const fa3_bwd_params* p, fa3_stream_t stream) {
 }
 fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* p, const char** name) {
   return remember(fa3::detail::bwd_kernel_name_impl(p, name));
+}
+void fa3_combine_params_init(fa3_combine_params* p) {
+  if (p == nullptr) return;
+  *p = fa3_combine_params{};
+  p->struct_size = sizeof(fa3_combine_params);
+  p->out_dtype = FA3_DTYPE_BF16;
+}
+fa3_status fa3_combine(const fa3_combine_params* p, fa3_stream_t stream) {
+  return remember(fa3::detail::combine_impl(p, stream));
 }
 size_t fa3_fwd_params_size(void) { return sizeof(fa3_fwd_params); }
 size_t fa3_bwd_params_size(void) { return sizeof(fa3_bwd_params); }

@@ -12,5 +12,6 @@ namespace fa3::detail {
 // PyTorch CUDA tensor cannot be, and are most of a small call's host time after the launch.
 Status forward_device_tensors(const FwdArgs& args, cudaStream_t stream);
 Status backward_device_tensors(const BwdArgs& args, cudaStream_t stream);
+Status combine_device_tensors(const CombineArgs& args, cudaStream_t stream);
 
 }  // namespace fa3::detail

@@ -17,6 +17,9 @@ Status hopper_fwd(const FwdProblem& f, cudaStream_t stream);
 // The name of the instantiation hopper_fwd would launch ("fwd_bf16_d128_mtrue_sfalse_vfalse", as
 // CMakeLists.txt names its generated files and the instantiation registry lists them).
 Status hopper_fwd_instance(const FwdProblem& f, std::string* name);
+// The scratch the Hopper forward needs for the problem: the decode path's partial results
+// (split_plan.h), 0 for every other problem.
+Status hopper_fwd_workspace_bytes(const FwdProblem& f, size_t* bytes);
 
 // The simple fp32 kernel (src/oracle) that covers every forward feature.
 Status oracle_fwd(const FwdProblem& f, cudaStream_t stream);

@@ -12,6 +12,9 @@ struct FwdProblem {
   int window_left = -1;    // -1: unbounded
   int window_right = -1;   // -1: unbounded; causal sets 0
   bool varlen_q = false, varlen_k = false, paged = false;
+  // The decode path's plan (fwd_dispatch.cpp, split_plan.h): key splits (0: not the decode path)
+  // and the query heads packed per tile (pack-GQA).
+  int num_splits = 0, pack_group = 1;
 
   bool has_mask() const { return window_left >= 0 || window_right >= 0; }
 };

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "src/api/status.h"
+#include "src/attention/combine.h"
 
 namespace fa3::detail {
 namespace {
@@ -286,14 +287,19 @@ Status check_descale(const fa3_fwd_params& p) {
 Status check_splits(const fa3_fwd_params& p) {
   if (p.num_splits < 0)
     return invalid("num_splits must be >= 0 (0 = automatic, 1 = no split); got " + to_string(p.num_splits));
-  if (p.num_splits > 1) return not_supported("split-KV (num_splits > 1); got num_splits " + to_string(p.num_splits));
+  if (p.num_splits > attn::kMaxCombineSplits)
+    return invalid("num_splits must be <= " + to_string(attn::kMaxCombineSplits) + "; got " + to_string(p.num_splits));
   return ok();
 }
 
-// The size itself is not checked yet (no path needs scratch), but a size without memory is a bug.
+// The size is checked where the path that needs it is chosen (fa3_forward: a decode problem with a
+// smaller workspace takes fewer splits; the backward's kernels need theirs); a size without memory
+// is a bug, and the partial results are read as float4 (the combine kernel).
 Status check_workspace(const void* workspace, size_t bytes) {
   if (workspace == nullptr && bytes > 0)
     return invalid("workspace must not be NULL when workspace_bytes > 0; got workspace_bytes " + to_string(bytes));
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return invalid("workspace must be 16-byte aligned (as cudaMalloc's are)");
   return ok();
 }
 
@@ -327,6 +333,53 @@ Status validate_fwd(const fa3_fwd_params* p) {
   FA3_TRY(check_descale(*p));
   FA3_TRY(check_splits(*p));
   FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
+  return ok();
+}
+
+// The combine kernel reads partial rows as float4 and writes 4 columns per lane.
+Status validate_combine(const fa3_combine_params* p) {
+  if (p == nullptr) return invalid("params must not be NULL");
+  FA3_TRY(check_struct_size(p->struct_size, sizeof(fa3_combine_params), "fa3_combine_params_init"));
+  if (p->out_dtype != FA3_DTYPE_FP16 && p->out_dtype != FA3_DTYPE_BF16 && p->out_dtype != FA3_DTYPE_FP32)
+    return invalid("out_dtype must be FA3_DTYPE_FP16, FA3_DTYPE_BF16 or FA3_DTYPE_FP32; got " +
+                   std::string(dtype_name(p->out_dtype)));
+  if (p->num_splits < 1 || p->num_splits > attn::kMaxCombineSplits)
+    return invalid("num_splits must be in [1, " + to_string(attn::kMaxCombineSplits) + "]; got " +
+                   to_string(p->num_splits));
+  FA3_TRY(check_positive("batch", p->batch));
+  FA3_TRY(check_positive("seqlen", p->seqlen));
+  FA3_TRY(check_positive("heads", p->heads));
+  if (p->head_dim < 4 || p->head_dim > attn::kMaxCombineHeadDim || p->head_dim % 4 != 0)
+    return invalid("head_dim must be a multiple of 4 in [4, " + to_string(attn::kMaxCombineHeadDim) + "]; got " +
+                   to_string(p->head_dim));
+  if (p->out_partial == nullptr) return invalid("out_partial must not be NULL");
+  if (p->lse_partial == nullptr) return invalid("lse_partial must not be NULL");
+  if (p->out.data == nullptr) return invalid("out.data must not be NULL");
+  if (!aligned(p->out_partial, 16)) return invalid("out_partial must be 16-byte aligned; got " + hex(p->out_partial));
+  const std::pair<int64_t, const char*> partial_strides[] = {
+      {p->out_partial_split_stride, "out_partial_split_stride"},
+      {p->out_partial_batch_stride, "out_partial_batch_stride"},
+      {p->out_partial_row_stride, "out_partial_row_stride"},
+      {p->out_partial_head_stride, "out_partial_head_stride"}};
+  for (const auto& [stride, name] : partial_strides)
+    if (stride < 0 || stride % 4 != 0)
+      return invalid(std::string(name) + " must be a non-negative multiple of 4 (16-byte rows); got " + to_string(stride));
+  const int64_t out_align = p->out_dtype == FA3_DTYPE_FP32 ? 16 : 8;
+  if (!aligned(p->out.data, out_align))
+    return invalid("out.data must be " + to_string(out_align) + "-byte aligned; got " + hex(p->out.data));
+  const std::pair<int64_t, const char*> out_strides[] = {
+      {p->out.batch_stride, "out.batch_stride"}, {p->out.row_stride, "out.row_stride"},
+      {p->out.head_stride, "out.head_stride"}};
+  for (const auto& [stride, name] : out_strides)
+    if (stride < 0 || stride % 4 != 0)
+      return invalid(std::string(name) + " must be a non-negative multiple of 4; got " + to_string(stride));
+  const std::pair<int64_t, const char*> lse_strides[] = {
+      {p->lse_partial_split_stride, "lse_partial_split_stride"}, {p->lse_partial_batch_stride, "lse_partial_batch_stride"},
+      {p->lse_partial_row_stride, "lse_partial_row_stride"},     {p->lse_partial_head_stride, "lse_partial_head_stride"},
+      {p->lse_batch_stride, "lse_batch_stride"},                 {p->lse_row_stride, "lse_row_stride"},
+      {p->lse_head_stride, "lse_head_stride"}};
+  for (const auto& [stride, name] : lse_strides)
+    if (stride < 0) return invalid(std::string(name) + " must be >= 0; got " + to_string(stride));
   return ok();
 }
 

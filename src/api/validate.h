@@ -7,5 +7,6 @@ namespace fa3::detail {
 // Every check that needs no device: shapes, strides, alignment, dtypes, masks, feature combinations.
 Status validate_fwd(const fa3_fwd_params* p);
 Status validate_bwd(const fa3_bwd_params* p);
+Status validate_combine(const fa3_combine_params* p);
 
 }  // namespace fa3::detail

@@ -17,18 +17,26 @@ struct BlockRange {
 __host__ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-template <int kBlockM, int kBlockN, class Seq>
-__host__ __device__ __forceinline__ BlockRange block_range(int m_block, const Seq& s, const FwdKernelParams& p) {
+// The key blocks that queries [first_query, first_query + queries) of a sequence see (the tile's
+// queries inside the sequence: first_query < seqlen_q).
+template <int kBlockN, class Seq>
+__host__ __device__ __forceinline__ BlockRange block_range_of_queries(int first_query, int queries, const Seq& s,
+                                                                      const FwdKernelParams& p) {
   const int offset = s.seqlen_k(p) - s.seqlen_q(p);
   int n_max = ceil_div(s.seqlen_k(p), kBlockN);
   int n_min = 0;
-  if (p.window_right >= 0) {  // the tile's last row sees up to key last_row + offset + right
-    const int last_row = min((m_block + 1) * kBlockM, s.seqlen_q(p)) - 1;
-    n_max = min(n_max, max(0, floor_div(last_row + offset + p.window_right, kBlockN) + 1));
+  if (p.window_right >= 0) {  // the tile's last query sees up to key last + offset + right
+    const int last = min(first_query + queries, s.seqlen_q(p)) - 1;
+    n_max = min(n_max, max(0, floor_div(last + offset + p.window_right, kBlockN) + 1));
   }
-  if (p.window_left >= 0)  // the tile's first row sees from key first_row + offset - left
-    n_min = max(0, floor_div(m_block * kBlockM + offset - p.window_left, kBlockN));
+  if (p.window_left >= 0)  // the tile's first query sees from key first + offset - left
+    n_min = max(0, floor_div(first_query + offset - p.window_left, kBlockN));
   return {n_min, n_max};
+}
+// Query tile m_block of kBlockM queries.
+template <int kBlockM, int kBlockN, class Seq>
+__host__ __device__ __forceinline__ BlockRange block_range(int m_block, const Seq& s, const FwdKernelParams& p) {
+  return block_range_of_queries<kBlockN>(m_block * kBlockM, kBlockM, s, p);
 }
 // Fixed-length batches (the tile scheduler's CPU tests).
 template <int kBlockM, int kBlockN>
@@ -59,17 +67,24 @@ __host__ __device__ __forceinline__ BlockRange split_block_range(const BlockRang
   return {begin, begin + base + (split < extra ? 1 : 0)};
 }
 
-// True when some element of key block n is invisible to some row of the tile: the key tail,
-// the causal/right edge, or the left window edge.  Only those blocks pay for the mask.
-template <int kBlockM, int kBlockN, bool kMasked, class Seq>
-__device__ __forceinline__ bool block_needs_mask(int n, int m_block, const Seq& s, const FwdKernelParams& p) {
+// True when some element of key block n is invisible to some query of [first_query, first_query +
+// queries): the key tail, the causal/right edge, or the left window edge. Only those blocks pay for
+// the mask.
+template <int kBlockN, bool kMasked, class Seq>
+__device__ __forceinline__ bool block_needs_mask_for_queries(int n, int first_query, int queries, const Seq& s,
+                                                             const FwdKernelParams& p) {
   if ((n + 1) * kBlockN > s.seqlen_k(p)) return true;
   if constexpr (kMasked) {
-    const int offset = s.seqlen_k(p) - s.seqlen_q(p), first_row = m_block * kBlockM;
-    if (p.window_right >= 0 && (n + 1) * kBlockN - 1 > first_row + offset + p.window_right) return true;
-    if (p.window_left >= 0 && n * kBlockN < first_row + kBlockM - 1 + offset - p.window_left) return true;
+    const int offset = s.seqlen_k(p) - s.seqlen_q(p);
+    if (p.window_right >= 0 && (n + 1) * kBlockN - 1 > first_query + offset + p.window_right) return true;
+    if (p.window_left >= 0 && n * kBlockN < first_query + queries - 1 + offset - p.window_left) return true;
   }
   return false;
+}
+// Query tile m_block of kBlockM queries (its rows past seqlen_q included: they are never stored).
+template <int kBlockM, int kBlockN, bool kMasked, class Seq>
+__device__ __forceinline__ bool block_needs_mask(int n, int m_block, const Seq& s, const FwdKernelParams& p) {
+  return block_needs_mask_for_queries<kBlockN, kMasked>(n, m_block * kBlockM, kBlockM, s, p);
 }
 
 }  // namespace fa3::attn

@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <string>
 
 #include "fa3/fa3_c.h"
@@ -16,8 +17,9 @@ namespace fa3::attn {
 
 // A [batch][seqlen][heads][d] tensor as a 4-D TMA map; extents of 1 get a harmless stride so that
 // the driver's stride checks never see the (irrelevant) stride a caller passed for them.
+// A box is box_rows rows of box_heads heads (pack-GQA's Q, tile_rows.cuh), laid out rows fastest.
 inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataType dtype, const fa3_tensor& t,
-                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows) {
+                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows, uint32_t box_heads = 1) {
   constexpr uint64_t kElem = 2;
   uint64_t row = uint64_t(t.row_stride) * kElem, head = uint64_t(t.head_stride) * kElem,
            bat = uint64_t(t.batch_stride) * kElem;
@@ -30,7 +32,7 @@ inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataT
                          t.data,
                          {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
                          {align16(row), align16(head), align16(bat)},
-                         {64, box_rows, 1, 1}};
+                         {64, box_rows, box_heads, 1}};
   const std::string err = hopper::encode_tma_map_4d(map, d);
   if (!err.empty()) return Status(FA3_ERROR_INTERNAL, std::string("TMA map for ") + name + ": " + err);
   return Status();
@@ -47,10 +49,27 @@ inline MapExtents map_extents(const fa3_fwd_params& a, bool varlen) {
           packed_k ? 1 : a.batch};
 }
 
+// The current device's SM count, asked once per device (a device's SM count never changes).
 inline Status sm_count(int* count) {
   int dev = 0;
   FA3_CUDA_TRY(cudaGetDevice(&dev));
+  constexpr int kDevices = 64;
+  static std::atomic<int> cached[kDevices] = {};
+  if (dev < kDevices && (*count = cached[dev].load(std::memory_order_relaxed)) > 0) return Status();
   FA3_CUDA_TRY(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < kDevices) cached[dev].store(*count, std::memory_order_relaxed);
+  return Status();
+}
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) once per kernel and device (the
+// setting stays with the function in the device's context); `done` is the kernel's own flag word.
+inline Status set_smem_once(const void* kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  FA3_CUDA_TRY(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return Status();
+  FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_relaxed);
   return Status();
 }
 

@@ -92,7 +92,8 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   if (n_blocks > 0) {
     auto kernel = bwd_kernel<Elem, Cfg, Feat>;
     constexpr int kSmem = BwdSmem<Cfg>::kBytes;
-    FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    static std::atomic<uint64_t> smem_set{0};
+    FA3_TRY(set_smem_once(reinterpret_cast<const void*>(kernel), kSmem, smem_set));
     kernel<<<dim3(n_blocks, a.heads_kv, a.batch), BwdLaunchShape::kThreads, kSmem, stream>>>(p);
     FA3_CUDA_TRY(cudaGetLastError());
   }

@@ -57,6 +57,8 @@ struct FwdConsumer {
     smem.bars().q.consumer_wait(q_st);
     const auto note = smem.bars().note[q_st.index];
     w = {note.m_block, note.head, note.batch};
+    if constexpr (Feat::kSplit)  // (the split travels in m_block: fwd_smem.cuh)
+      if (note.m_block >= 0) w = {note.m_block % p.num_m_blocks, note.head, note.batch, note.m_block / p.num_m_blocks};
     r = {note.n_min, note.n_max};
     seq = seq_of(note);
     return note.m_block >= 0;

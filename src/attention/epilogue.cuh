@@ -6,6 +6,9 @@
 //    sequence's packed rows (or into rows past seqused_q) and TMA clips only at the tensor's end.
 // (Tiles without any visible key are the producer's: MainloopLoad::store_zero.) The staging area is
 // this warpgroup's rows of the O tile, or (kOInKV) a free K or V stage.
+// The decode kernel (FwdFeatures::kSplit) has a third store instead, straight from the registers:
+// fp32 partial O and LSE of its split into the workspace for the combine kernel, or with one split
+// O itself (store_partial).
 #pragma once
 #include <cmath>
 
@@ -13,6 +16,7 @@
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/seqlen_info.cuh"
 #include "src/attention/softmax.cuh"
+#include "src/attention/tile_rows.cuh"
 #include "src/attention/tile_scheduler.cuh"
 #include "src/hopper/tma.cuh"
 #include "src/hopper/wgmma.cuh"
@@ -56,6 +60,10 @@ struct Epilogue {
                         uint8_t* staging) const {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
+    if constexpr (Feat::kSplit) {
+      store_partial(w, seq, o, inv, lse);
+      return;
+    }
     store_lse(w, seq, lse);
     const int bar = kBarEpilogue + consumer;
     // The previous tile's store from this staging area must have finished reading it (the direct
@@ -104,6 +112,39 @@ struct Epilogue {
       const int r = idx / chunks, c = idx % chunks;
       const uint4 v = *reinterpret_cast<const uint4*>(staging + Staging::offset(r, 8 * c));
       *reinterpret_cast<uint4*>(base + int64_t(r) * p.o_row_stride + 8 * c) = v;
+    }
+  }
+
+  // The decode kernel's store: this thread's two rows (pack-GQA rows: query and head per row,
+  // tile_rows.cuh) of normalised O and their LSE, into the slot of the tile's split (fp32, for the
+  // combine kernel) or, with one split, into O and LSE themselves (no combine). Four threads write
+  // a row's 8-column block. A decode's O is a few MB at most (the K/V read is the cost): no staging.
+  __device__ void store_partial(const WorkTile& w, const Seq& seq, const float (&o)[kDv / 2], const float (&inv)[2],
+                                const float (&lse)[2]) const {
+    using Rows = TileRows<Cfg::kBlockM, true>;
+    const int lane = thread % 32;
+    const int64_t row_base = p.cu_seqlens_q ? int64_t(seq.q_row0()) : int64_t(seq.batch) * p.seqlen_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = consumer * 64 + (thread / 32) * 16 + lane / 4 + 8 * h, query = Rows::query(p, w.m_block, r);
+      if (query >= seq.seqlen_q(p)) continue;
+      const int head = Rows::head(p, w.head, r);
+      if (p.num_splits == 1) {
+        if (lane % 4 == 0 && p.lse != nullptr) p.lse[seq.lse_offset(p, head) + query] = lse[h];
+        Elem* dst = static_cast<Elem*>(p.o) + seq.o_offset(p, head) + int64_t(query) * p.o_row_stride + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < kDv / 8; ++j)  // (head_dim_v is a multiple of 8: whole 8-column blocks)
+          if (8 * j < p.head_dim_v)
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = Mma::pack(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+        continue;
+      }
+      const int64_t row = (int64_t(w.split) * p.heads_q + head) * p.partial_rows + row_base + query;
+      if (lane % 4 == 0) p.lse_partial[row] = lse[h];
+      float* dst = p.o_partial + row * p.head_dim_v + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < kDv / 8; ++j)
+        if (8 * j < p.head_dim_v)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
     }
   }
 

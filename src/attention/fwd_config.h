@@ -115,4 +115,24 @@ struct FwdConfigQkV<192, 128> : TileConfig<192, 128, 112, 2, false, kFullSchedul
 template <>
 struct FwdConfig<256, true> : TileConfig<256, 128, 64, 2, true, kFullSchedule & ~kPingpong> {};
 
+// The decode kernel's tiles (FwdFeatures::kSplit): 64 query rows (one consumer warpgroup, which
+// pack-GQA fills with the query heads of one kv head, tile_rows.cuh), so a decode's few queries
+// waste less of the GEMMs (a 128-row tile with 4 used rows computed 7x longer than its K/V took to
+// read at 64 x 4k keys); no pingpong with one warpgroup; 128 KB of K/V stages (one CTA per SM: the
+// bytes in flight per SM are what a memory-bound kernel needs; 192 KB in place of the unused O
+// tile, together with batched page-table reads, measured the same contiguous and 15% slower with
+// pages of 16: perf-log step 64). Other head
+// dims run padded: d96 on the d128 tile, d192 (and 192/128) on the d256 tile (TMA zero-fills the
+// columns; no extra HBM traffic).
+constexpr int kDecodeSchedule = kFullSchedule & ~(kPingpong | kNarrowFirst);
+template <int kHeadDim>
+struct FwdSplitConfig;
+template <>
+struct FwdSplitConfig<64> : TileConfig<64, 64, 128, 4, false, kDecodeSchedule> {};
+template <>
+struct FwdSplitConfig<128> : TileConfig<128, 64, 128, 2, false, kDecodeSchedule> {};
+template <>
+struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> {};
+constexpr int split_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }
+
 }  // namespace fa3::attn

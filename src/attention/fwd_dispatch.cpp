@@ -2,7 +2,10 @@
 // Which instantiations exist (CMakeLists.txt, fwd_instance.cu.in, and the registry it writes):
 //  - every (dtype, padded head dim, mask) with the head dim's tiles (fwd_config.h);
 //  - softcap and/or varlen: each head dim's first tile (FwdConfig<d, false>);
-//  - the d_qk 192 / d_v 128 tile (FwdConfigQkV), with and without varlen.
+//  - the d_qk 192 / d_v 128 tile (FwdConfigQkV), with and without varlen;
+//  - the decode kernel (FwdSplitConfig, FwdFeatures<true, false, true, true>) per dtype at d64,
+//    d128 and d256, for the problems split_plan() sends there (split_plan.h: decodes, explicit
+//    splits); its splits need the workspace, one split none.
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
@@ -11,8 +14,10 @@
 #include <string>
 
 #include "src/api/dispatch.h"
+#include "src/attention/bshd_map.h"
 #include "src/attention/fwd_config.h"
 #include "src/attention/fwd_launch.h"
+#include "src/attention/split_plan.h"
 
 namespace fa3::detail {
 
@@ -105,10 +110,68 @@ Status by_mask(const FwdProblem& f, const Op& op) {
   return f.has_mask() ? by_softcap<kDtype, true>(f, op) : by_softcap<kDtype, false>(f, op);
 }
 
+// The decode kernel's tile for the problem's head dims (the larger, padded: d96 on d128, d192 on d256).
+int split_head_dim_of(const FwdProblem& f) {
+  return attn::split_head_dim(
+      std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
+}
+int split_key_block(int head_dim) {
+  return head_dim == 64 ? attn::FwdSplitConfig<64>::kBlockN
+                        : head_dim == 128 ? attn::FwdSplitConfig<128>::kBlockN : attn::FwdSplitConfig<256>::kBlockN;
+}
+
+// The decode plan (split_plan.h). The SM count (a CUDA call) only for num_splits = 0.
+Status decode_plan(const FwdProblem& f, attn::SplitPlan* plan) {
+  *plan = {};
+  const fa3_fwd_params& a = *f.p;
+  if (!attn::takes_decode_path(a)) return Status();
+  int sms = 0;
+  if (a.num_splits == 0) FA3_TRY(attn::sm_count(&sms));
+  *plan = attn::split_plan(a, split_key_block(split_head_dim_of(f)), sms);
+  return Status();
+}
+
+// The decode plan for the workspace the call has. Splits need one (fa3_fwd_workspace_size): an
+// explicit num_splits > 1 without it is an error; automatic splits take what fits, down to one
+// split, which needs none (the decode kernel then writes O itself).
+Status plan_for_workspace(const FwdProblem& f, attn::SplitPlan* plan) {
+  const fa3_fwd_params& a = *f.p;
+  FA3_TRY(decode_plan(f, plan));
+  if (plan->num_splits <= 1) return Status();
+  const size_t need = attn::split_workspace(a, plan->num_splits).bytes;
+  if (a.workspace != nullptr && a.workspace_bytes >= need) return Status();
+  if (a.num_splits > 1)
+    return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() = " + std::to_string(need) +
+                   " for num_splits " + std::to_string(a.num_splits) + "; got " + std::to_string(a.workspace_bytes) +
+                   (a.workspace ? "" : " (workspace NULL)"));
+  const size_t fit = a.workspace == nullptr ? 0 : a.workspace_bytes / attn::split_workspace(a, 1).bytes;
+  plan->num_splits = static_cast<int>(std::max<size_t>(1, std::min<size_t>(plan->num_splits, fit)));
+  return Status();
+}
+
+template <int kDtype, class Op>
+Status by_split_head_dim(const FwdProblem& f, const Op& op) {
+  using Feat = FwdFeatures<true, false, true, true>;
+  switch (split_head_dim_of(f)) {
+    case 64: return op.template run<kDtype, attn::FwdSplitConfig<64>, Feat>(f, "d64split");
+    case 128: return op.template run<kDtype, attn::FwdSplitConfig<128>, Feat>(f, "d128split");
+    default: return op.template run<kDtype, attn::FwdSplitConfig<256>, Feat>(f, "d256split");
+  }
+}
+
 template <class Op>
 Status dispatch(const FwdProblem& f, const Op& op) {
   if (const char* why = hopper_fwd_unsupported_reason(f)) return not_supported(std::string("hopper kernel: ") + why);
-  return f.p->dtype == FA3_DTYPE_BF16 ? by_mask<FA3_DTYPE_BF16>(f, op) : by_mask<FA3_DTYPE_FP16>(f, op);
+  const bool bf16 = f.p->dtype == FA3_DTYPE_BF16;
+  attn::SplitPlan plan;
+  FA3_TRY(plan_for_workspace(f, &plan));
+  if (plan.num_splits > 0) {
+    FwdProblem split = f;
+    split.num_splits = plan.num_splits;
+    split.pack_group = plan.pack_group;
+    return bf16 ? by_split_head_dim<FA3_DTYPE_BF16>(split, op) : by_split_head_dim<FA3_DTYPE_FP16>(split, op);
+  }
+  return bf16 ? by_mask<FA3_DTYPE_BF16>(f, op) : by_mask<FA3_DTYPE_FP16>(f, op);
 }
 
 }  // namespace
@@ -116,5 +179,14 @@ Status dispatch(const FwdProblem& f, const Op& op) {
 Status hopper_fwd(const FwdProblem& f, cudaStream_t stream) { return dispatch(f, Launch{stream}); }
 
 Status hopper_fwd_instance(const FwdProblem& f, std::string* name) { return dispatch(f, Describe{name}); }
+
+Status hopper_fwd_workspace_bytes(const FwdProblem& f, size_t* bytes) {
+  *bytes = 0;
+  if (hopper_fwd_unsupported_reason(f) != nullptr) return Status();
+  attn::SplitPlan plan;
+  FA3_TRY(decode_plan(f, &plan));
+  if (plan.num_splits > 1) *bytes = attn::split_workspace(*f.p, plan.num_splits).bytes;
+  return Status();
+}
 
 }  // namespace fa3::detail

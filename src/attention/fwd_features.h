@@ -12,9 +12,15 @@ namespace fa3::attn {
 //   (seqlen_info.cuh), the varlen tile walk (tile_scheduler.cuh) and O written by a masked direct
 //   store, since a TMA store of a sequence's last tile would spill into the next one's rows
 //   (epilogue.cuh).
-template <bool kMasked_, bool kSoftcap_ = false, bool kVarlen_ = false>
+// kSplit: the decode path. A tile's key blocks split into num_splits ranges (block_info.cuh), the
+//   query heads of a kv head packed into one tile where they fit (pack-GQA, tile_rows.cuh), and each
+//   (tile, split) writing fp32 partial O and its LSE into the workspace, which the combine kernel
+//   (combine.cuh) merges into O. Built on the varlen sequence info (it covers fixed lengths too) and
+//   the masked instantiation (it covers unmasked problems too): one decode kernel per head dim.
+template <bool kMasked_, bool kSoftcap_ = false, bool kVarlen_ = false, bool kSplit_ = false>
 struct FwdFeatures {
-  static constexpr bool kMasked = kMasked_, kSoftcap = kSoftcap_, kVarlen = kVarlen_;
+  static constexpr bool kMasked = kMasked_, kSoftcap = kSoftcap_, kVarlen = kVarlen_, kSplit = kSplit_;
+  static_assert(!kSplit || (kMasked && kVarlen && !kSoftcap), "the decode kernel: masked, varlen, no softcap");
 };
 
 }  // namespace fa3::attn

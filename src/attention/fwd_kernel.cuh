@@ -19,9 +19,11 @@ struct FwdLaunchShape {
   // unallocated registers, so from the launch share (65536 / threads, rounded down to 8) the
   // producer must release at least what the consumers take: 32 / 240 with 2 consumers hung.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  // One consumer (the decode tile): 256 threads get every register at launch, no moving them.
+  static constexpr bool kMoveRegs = kConsumers > 1;
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
-  static_assert(kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
+  static_assert(!kMoveRegs || kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
                 "setmaxnreg.inc would wait forever for registers");
 };
 
@@ -41,12 +43,12 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
 
   const int wg = hopper::warpgroup_index();
   if (wg == 0) {
-    hopper::setmaxnreg_dec<Shape::kProducerRegs>();
+    if constexpr (Shape::kMoveRegs) hopper::setmaxnreg_dec<Shape::kProducerRegs>();
     if (threadIdx.x / hopper::kWarpSize == 0) MainloopLoad<Cfg, Feat>{p, smem}.run();
     return;
   }
 
-  hopper::setmaxnreg_inc<Shape::kConsumerRegs>();
+  if constexpr (Shape::kMoveRegs) hopper::setmaxnreg_inc<Shape::kConsumerRegs>();
   FwdConsumer<Elem, Cfg, Feat>(p, smem, wg - 1, threadIdx.x % hopper::kWarpgroupSize).run();
 }
 

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "src/attention/bshd_map.h"
+#include "src/attention/combine.h"
 #include "src/attention/fwd_kernel.cuh"
 #include "src/attention/fwd_launch.h"
-#include "src/attention/bshd_map.h"
+#include "src/attention/split_workspace.h"
 
 namespace fa3::attn {
 
@@ -26,7 +28,9 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   FwdKernelParams p{};
   const int dqk = a.head_dim_qk, dv = a.head_dim_v;
   const MapExtents e = map_extents(a, Feat::kVarlen);
-  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, dqk, e.q_rows, a.heads_q, e.q_batch, Cfg::kBlockM));
+  // Pack-GQA (the decode kernel): a Q box is the tile's queries of its pack_group heads.
+  const int pack = Feat::kSplit ? f.pack_group : 1;
+  FA3_TRY(make_bshd_map(&p.tma_q, "q", dtype, a.q, dqk, e.q_rows, a.heads_q, e.q_batch, Cfg::kBlockM / pack, pack));
   if (f.paged) {
     // [num_pages][page_size][heads_kv][d], boxes of gcd(kBlockN, page_size) rows (mainloop_load.cuh;
     // the dispatch takes page sizes that are multiples of 16, so a box is >= 16 rows).
@@ -41,7 +45,8 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
     FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
   }
-  FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, e.q_rows, a.heads_q, e.q_batch, 64));
+  if constexpr (!Feat::kSplit)  // (the decode kernel writes the workspace; the combine kernel O)
+    FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, e.q_rows, a.heads_q, e.q_batch, 64));
   p.o = a.out.data;
   p.o_batch_stride = a.out.batch_stride;
   p.o_row_stride = a.out.row_stride;
@@ -50,6 +55,22 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   set_problem_params(p, f, Feat::kSoftcap);
   p.num_m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
+  SplitWorkspace ws{};
+  if constexpr (Feat::kSplit) {
+    const int queries = Cfg::kBlockM / pack;
+    p.num_splits = f.num_splits;
+    p.pack_group = pack;
+    p.pack_queries_log2 = 0;
+    while ((1 << p.pack_queries_log2) < queries) ++p.pack_queries_log2;
+    if (f.num_splits > 1) {  // (one split writes O itself: epilogue.cuh)
+      ws = split_workspace(a, f.num_splits);
+      p.partial_rows = ws.rows;
+      p.o_partial = static_cast<float*>(a.workspace);
+      p.lse_partial = p.o_partial + ws.o_elems;
+    }
+    p.num_m_blocks = (a.seqlen_q + queries - 1) / queries;
+    p.num_tiles = p.num_m_blocks * (a.heads_q / pack) * f.num_splits * a.batch;
+  }
   p.lpt_order = Feat::kMasked && !Feat::kVarlen;
   p.every_row_sees_a_key = !Feat::kMasked || (f.window_left < 0 && a.seqlen_q <= a.seqlen_k);
   p.cu_seqlens_q = a.cu_seqlens_q;
@@ -60,7 +81,8 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
 
   auto kernel = fwd_kernel<Elem, Cfg, Feat>;
   constexpr int kSmem = FwdSmem<Cfg>::kBytes;
-  FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  static std::atomic<uint64_t> smem_set{0};
+  FA3_TRY(set_smem_once(reinterpret_cast<const void*>(kernel), kSmem, smem_set));
   int sms = 0;
   FA3_TRY(sm_count(&sms));
   const int grid = std::min(p.num_tiles, sms);
@@ -68,13 +90,16 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.pair_rounds = pair_rounds(num_bh, p.num_m_blocks, grid, pair_slack(num_bh, p.num_m_blocks, grid));
   kernel<<<grid, FwdLaunchShape<Cfg>::kThreads, kSmem, stream>>>(p);
   FA3_CUDA_TRY(cudaGetLastError());
+  if constexpr (Feat::kSplit)
+    if (f.num_splits > 1) return launch_combine<Elem>(combine_params(a, ws, p.o_partial, p.lse_partial), stream);
   return Status();
 }
 
 }  // namespace fa3::attn
 
 // One explicit instantiation per generated file (see CMakeLists.txt); the tile type comes last, as
-// variadic arguments, because it contains commas. FEATURES: masked, softcap, varlen (FwdFeatures).
-#define FA3_INSTANTIATE_FWD(DTYPE, MASKED, SOFTCAP, VARLEN, ...)                                       \
-  template fa3::Status fa3::attn::launch_fwd<DTYPE, __VA_ARGS__, fa3::attn::FwdFeatures<MASKED, SOFTCAP, VARLEN>>( \
+// variadic arguments, because it contains commas. FEATURES: masked, softcap, varlen, split (FwdFeatures).
+#define FA3_INSTANTIATE_FWD(DTYPE, MASKED, SOFTCAP, VARLEN, SPLIT, ...)                                \
+  template fa3::Status                                                                                 \
+  fa3::attn::launch_fwd<DTYPE, __VA_ARGS__, fa3::attn::FwdFeatures<MASKED, SOFTCAP, VARLEN, SPLIT>>(    \
       const fa3::detail::FwdProblem&, cudaStream_t);

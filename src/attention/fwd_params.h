@@ -42,6 +42,16 @@ struct FwdKernelParams {
   const int* page_table;           // [batch][page_table_batch_stride] page indices
   int64_t page_table_batch_stride;
   int page_size, page_box_rows;
+
+  // The decode path (FwdFeatures::kSplit): key splits, pack-GQA and the partial results it writes
+  // for the combine kernel. Partial rows are the sequences' query rows: packed Q's rows (total_q),
+  // else batch * seqlen_q.
+  int num_splits;
+  int pack_group;         // query heads per tile: head_ratio when packed, else 1 (tile_rows.cuh)
+  int pack_queries_log2;  // log2 of the queries per tile, kBlockM / pack_group
+  int partial_rows;
+  float* o_partial;       // [num_splits][heads_q][partial_rows][head_dim_v]
+  float* lse_partial;     // [num_splits][heads_q][partial_rows], natural log; -inf: no visible key
 };
 
 }  // namespace fa3::attn

@@ -48,6 +48,9 @@ struct FwdSmem {
   // instructions at d64 causal 512). m_block < 0: the walk ended (no Q loaded). Tiles without a
   // visible key get no note (the producer writes their zeros). The sequence's lengths and first
   // rows are its SeqlenInfo (varlen kernels read them).
+  // The decode kernel's key split travels in m_block (split * num_m_blocks + m_block): a tenth
+  // field changed the notes' stride and, with it, the loads and register allocation of every
+  // other kernel's consumers.
   struct TileNote {
     int m_block, head, batch, n_min, n_max;
     int seqlen_q, seqlen_k, q_row0, k_row0;

@@ -10,6 +10,7 @@
 #include "src/attention/fwd_features.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/seqlen_info.cuh"
+#include "src/attention/tile_rows.cuh"
 #include "src/attention/tile_scheduler.cuh"
 #include "src/hopper/tma.cuh"
 
@@ -19,6 +20,7 @@ template <class Cfg, class Feat>
 struct MainloopLoad {
   using Smem = FwdSmem<Cfg>;
   using Seq = SeqlenInfo<Feat::kVarlen>;
+  using Rows = TileRows<Cfg::kBlockM, Feat::kSplit>;  // the decode kernel's pack-GQA rows
 
   const FwdKernelParams& p;
   Smem smem;
@@ -57,7 +59,9 @@ struct MainloopLoad {
     const int* table = p.page_table + int64_t(seq.batch) * p.page_table_batch_stride;
     const int box = p.page_box_rows, last = max(seq.seqlen_k(p) - 1, 0) / box * box;
     // (An incremental form of this loop, one division per block and one table read per page,
-    // changed ptxas's schedule of the d128 and d256 consumers: -4% / +5% on the contiguous sweep.)
+    // changed ptxas's schedule of the d128 and d256 consumers: -4% / +5% on the contiguous sweep;
+    // the decode kernel reading a block's table entries first, then its boxes (with deeper K/V
+    // stages), was 15% slower with pages of 16: perf-log step 64.)
     for (int r = 0; r < Cfg::kBlockN; r += box) {
       const int key = min(n * Cfg::kBlockN + r, last);
       hopper::tma_load_tile_rows<Tile>(map, dst, r, key % p.page_size, kv_head, table[key / p.page_size], full);
@@ -85,12 +89,33 @@ struct MainloopLoad {
   // stores by the producer's lane. Rare (causal with seqlen_q > seqlen_k, windows, sequences
   // without keys), and off the consumers' registers, which hold S, P and O across their tile loop.
   __device__ void store_zero(const Tile& t) const {
+    if constexpr (Feat::kSplit) {
+      store_empty_split(t);
+      return;
+    }
     const int row0 = t.w.m_block * Cfg::kBlockM, rows = min(Cfg::kBlockM, t.seq.seqlen_q(p) - row0);
     uint16_t* o = static_cast<uint16_t*>(p.o) + t.seq.o_offset(p, t.w.head) + int64_t(row0) * p.o_row_stride;
     float* lse = p.lse == nullptr ? nullptr : p.lse + t.seq.lse_offset(p, t.w.head) + row0;
     for (int r = 0; r < rows; ++r, o += p.o_row_stride) {
       for (int c = 0; c < p.head_dim_v; c += 8) *reinterpret_cast<uint4*>(o + c) = make_uint4(0, 0, 0, 0);
       if (lse != nullptr) lse[r] = -INFINITY;  // (head_dim_v is a multiple of 8: validated)
+    }
+  }
+
+  // The decode kernel's (tile, split) without a visible key: LSE -inf in its slot tells the combine
+  // kernel to give it no weight (its O slot is not read); with one split, O = 0 and LSE = -inf.
+  __device__ void store_empty_split(const Tile& t) const {
+    const int64_t row_base = p.cu_seqlens_q ? int64_t(t.seq.q_row0()) : int64_t(t.seq.batch) * p.seqlen_q;
+    for (int r = 0; r < Cfg::kBlockM; ++r) {
+      const int query = Rows::query(p, t.w.m_block, r), head = Rows::head(p, t.w.head, r);
+      if (query >= t.seq.seqlen_q(p)) continue;
+      if (p.num_splits > 1) {
+        p.lse_partial[(int64_t(t.w.split) * p.heads_q + head) * p.partial_rows + row_base + query] = -INFINITY;
+        continue;
+      }
+      uint16_t* o = static_cast<uint16_t*>(p.o) + t.seq.o_offset(p, head) + int64_t(query) * p.o_row_stride;
+      for (int c = 0; c < p.head_dim_v; c += 8) *reinterpret_cast<uint4*>(o + c) = make_uint4(0, 0, 0, 0);
+      if (p.lse != nullptr) p.lse[t.seq.lse_offset(p, head) + query] = -INFINITY;
     }
   }
 
@@ -106,13 +131,25 @@ struct MainloopLoad {
     int step = 0;
     VarlenTileWalk varlen_walk;
     auto note_of = [&](const Tile& t) {
-      return typename Smem::TileNote{t.w.m_block, t.w.head,        t.w.batch,       t.r.n_min, t.r.n_max,
+      const int m = Feat::kSplit ? t.w.split * p.num_m_blocks + t.w.m_block : t.w.m_block;  // (fwd_smem.cuh)
+      return typename Smem::TileNote{m, t.w.head, t.w.batch, t.r.n_min, t.r.n_max,
                                      t.seq.seqlen_q(p), t.seq.seqlen_k(p), t.seq.q_row0(), t.seq.k_row0()};
     };
     // The CTA's next tile with a visible key; the ones without on the way get their zeros.
     auto next_tile = [&](Tile& t) {
       for (;;) {
-        if constexpr (Feat::kVarlen) {
+        if constexpr (Feat::kSplit) {
+          if (!split_tile_at_step(step++, blockIdx.x, gridDim.x, p, t.w)) return false;
+          t.seq = Seq(p, t.w.batch);
+          const int first = Rows::query(p, t.w.m_block, 0);
+          if (first >= t.seq.seqlen_q(p)) continue;  // past this sequence's queries: no rows
+          t.r = split_block_range(
+              block_range_of_queries<Cfg::kBlockN>(first, Rows::queries(p), t.seq, p),
+              t.w.split, p.num_splits);
+          if (!t.r.empty()) return true;
+          store_zero(t);
+          continue;
+        } else if constexpr (Feat::kVarlen) {
           const auto st = varlen_walk.template tile<Cfg::kBlockM>(step++, blockIdx.x, gridDim.x, p, t.w);
           if (st == VarlenTileWalk::kEnd) return false;
           if (st == VarlenTileWalk::kSkip) continue;
@@ -125,10 +162,12 @@ struct MainloopLoad {
         store_zero(t);
       }
     };
-    auto load_first_k = [&](const Tile& t) { load_k(bars.k, k_st, t.r.n_max - 1, t.w.head / p.head_ratio, t.seq); };
+    auto load_first_k = [&](const Tile& t) { load_k(bars.k, k_st, t.r.n_max - 1, Rows::kv_head(p, t.w.head), t.seq); };
+    // (Pack-GQA: the map's box is the tile's queries x its heads, tile_rows.cuh.)
     auto load_q = [&](const Tile& t) {
-      load_stage<typename Smem::QTile>(&p.tma_q, bars.q, q_st, &Smem::q, t.seq.q_row0() + t.w.m_block * Cfg::kBlockM,
-                                       t.w.head, t.seq.q_batch(p), [&](int stage) { bars.note[stage] = note_of(t); });
+      load_stage<typename Smem::QTile>(&p.tma_q, bars.q, q_st, &Smem::q,
+                                       t.seq.q_row0() + Rows::query(p, t.w.m_block, 0), Rows::head(p, t.w.head, 0),
+                                       t.seq.q_batch(p), [&](int stage) { bars.note[stage] = note_of(t); });
     };
     Tile t{{0, 0, 0}, {0, 0}, Seq::unset(p)};
     bool more = next_tile(t);
@@ -138,7 +177,7 @@ struct MainloopLoad {
       load_q(t);
     }
     while (more) {
-      const int kv_head = t.w.head / p.head_ratio;
+      const int kv_head = Rows::kv_head(p, t.w.head);
       // The next tile before this one's K/V: the varlen walk reads sequence lengths from global
       // memory, whose latency hides under the waits for free stages here.
       Tile t_next = t;

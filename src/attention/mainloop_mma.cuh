@@ -27,6 +27,7 @@
 #include "src/attention/score_mod.cuh"
 #include "src/attention/seqlen_info.cuh"
 #include "src/attention/softmax.cuh"
+#include "src/attention/tile_rows.cuh"
 #include "src/hopper/wgmma.cuh"
 
 namespace fa3::attn {
@@ -39,9 +40,13 @@ struct MainloopMma {
   using Mma = hopper::Mma16<Elem>;
   using Seq = SeqlenInfo<Feat::kVarlen>;
   using Scores = ScoreMod<Feat::kSoftcap>;
+  // The decode kernel's rows are pack-GQA rows (tile_rows.cuh): one warpgroup per tile there.
+  static constexpr bool kPacked = Feat::kSplit;
+  using Rows = TileRows<Cfg::kBlockM, kPacked>;
   // kDqk: Q/K columns (the QK^T reduction), kDv: V/O columns (O's accumulator).
   static constexpr int kDqk = Cfg::kHeadDim, kDv = Cfg::kHeadDimV, kN = Cfg::kBlockN, kM = Cfg::kBlockM;
   static constexpr int kConsumers = kM / 64;
+  static_assert(!kPacked || kConsumers == 1, "pack-GQA tiles: one consumer warpgroup");
   static constexpr bool kUsePingpong = (kSched & Schedule::kPingpong) != 0;
   static constexpr bool kUseOverlap = (kSched & Schedule::kOverlap) != 0;
   static constexpr bool kLazyRescale = (kSched & Schedule::kLazyRescale) != 0;
@@ -94,14 +99,18 @@ struct MainloopMma {
 
   // The first query row of this warpgroup's 64 in m-block m_block.
   __device__ __forceinline__ int wg_row0(int m_block) const { return m_block * kM + consumer * 64; }
+  // The last query (inside the sequence) of this warpgroup's rows.
+  __device__ __forceinline__ int wg_last_query(int m_block, const Seq& seq) const {
+    if constexpr (kPacked) return min(Rows::query(p, m_block, 0) + Rows::queries(p), seq.seqlen_q(p)) - 1;
+    else return min(wg_row0(m_block) + 63, seq.seqlen_q(p) - 1);
+  }
 
   __device__ __forceinline__ int first_block_width(int n, int m_block, const Seq& seq) const {
     if constexpr (!kNarrowFirst) return kFull;
     int end = seq.seqlen_k(p);  // one past this warpgroup's last visible key
     if constexpr (kMasked) {
       if (p.window_right >= 0) {
-        const int last_row = min(wg_row0(m_block) + 63, seq.seqlen_q(p) - 1);
-        end = min(end, last_row + seq.seqlen_k(p) - seq.seqlen_q(p) + p.window_right + 1);
+        end = min(end, wg_last_query(m_block, seq) + seq.seqlen_k(p) - seq.seqlen_q(p) + p.window_right + 1);
       }
     }
     const int visible = end - n * kN;
@@ -191,12 +200,30 @@ struct MainloopMma {
   }
 
   static constexpr bool kRelativeMask = kN >= 128;  // mask.cuh
-  __device__ __forceinline__ int row0_of_thread(int m_block) const {
-    return wg_row0(m_block) + (thread / 32) * 16 + (thread % 32) / 4;
+  // The queries of this thread's two fragment rows (r0 and r0 + 8 of this warpgroup's 64).
+  struct ThreadQueries {
+    int q[2];
+  };
+  __device__ __forceinline__ ThreadQueries thread_queries(int m_block) const {
+    if constexpr (kPacked) {
+      const int r0 = (thread / 32) * 16 + (thread % 32) / 4;
+      return {{Rows::query(p, m_block, r0), Rows::query(p, m_block, r0 + 8)}};
+    } else {
+      const int row0 = wg_row0(m_block) + (thread / 32) * 16 + (thread % 32) / 4;
+      return {{row0, row0 + 8}};
+    }
+  }
+  __device__ __forceinline__ bool block_needs_mask_here(int n, int m_block, const Seq& seq) const {
+    if constexpr (kPacked) {
+      const int first = Rows::query(p, m_block, 0);
+      return block_needs_mask_for_queries<kN, kMasked>(n, first, Rows::queries(p), seq, p);
+    } else {
+      return block_needs_mask<kM, kN, kMasked>(n, m_block, seq, p);
+    }
   }
   __device__ __forceinline__ void mask_if_needed(float (&s)[kN / 2], int n, int m_block, const Seq& seq) const {
-    if (block_needs_mask<kM, kN, kMasked>(n, m_block, seq, p))
-      apply_mask<kN, kMasked, kRelativeMask>(s, row0_of_thread(m_block), n * kN + 2 * (thread % 4), seq, p);
+    if (block_needs_mask_here(n, m_block, seq))
+      apply_mask<kN, kMasked, kRelativeMask>(s, thread_queries(m_block).q, n * kN + 2 * (thread % 4), seq, p);
   }
 
   // Mask, softmax and packing of a tile's first block (n) at its width, which its PV keeps. A
@@ -216,7 +243,8 @@ struct MainloopMma {
       if (width == kHalf) {  // a half block always needs its mask
         auto& s_half = reinterpret_cast<float(&)[kHalfN / 2]>(s);
         Scores::apply(s_half, p);
-        apply_mask<kHalfN, kMasked, kRelativeMask>(s_half, row0_of_thread(m_block), n * kN + 2 * (thread % 4), seq, p);
+        apply_mask<kHalfN, kMasked, kRelativeMask>(s_half, thread_queries(m_block).q, n * kN + 2 * (thread % 4), seq,
+                                                   p);
         softmax.template update_max<kHalfN>(s_half, corr);
         softmax.template exponentiate<kHalfN>(s_half);
         Softmax::template pack<Mma, kHalfN>(s_half, pa);
@@ -360,7 +388,7 @@ struct MainloopMma {
   // in a tile of its own (no shared barrier in the epilogue) only.
   static constexpr bool kCanIdle = kUseOverlap && !kCrossTile && !Cfg::kOInKV;
   __device__ __forceinline__ bool rows_past_end(int m_block, const Seq& seq) const {
-    return kCanIdle && wg_row0(m_block) >= seq.seqlen_q(p);
+    return kCanIdle && !kPacked && wg_row0(m_block) >= seq.seqlen_q(p);
   }
   __device__ void run_idle(const BlockRange& r) {
     for (int n = r.n_max - 1; n >= r.n_min; --n) skip_block();

@@ -10,7 +10,8 @@
 
 namespace fa3::attn {
 
-// row0: this thread's first row (query index in its sequence); its second row is row0 + 8.
+// rows: the queries (indices in the sequence) of this thread's two rows, fragment rows r and r + 8
+// (consecutive queries r0, r0 + 8 but for pack-GQA tiles, tile_rows.cuh).
 // col0: global key index of this thread's first column in block n (n * kBlockN + 2 * (lane % 4)).
 // kBlockN: the fragment's width (a narrow first block's half, or the whole block).
 // kRelative: the bounds are taken relative to col0, once per row, so each score costs one compare
@@ -26,7 +27,7 @@ namespace fa3::attn {
 // of 1 are wiped (correction exp2(-2^100 * scale) = 0) by the first block where the row sees a
 // key, which that condition guarantees; the exact -inf form keeps every other problem right.
 template <int kBlockN, bool kMasked, bool kRelative, class Seq>
-__device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, int col0, const Seq& seq,
+__device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], const int (&rows)[2], int col0, const Seq& seq,
                                            const FwdKernelParams& p) {
   const int origin = kRelative ? col0 : 0;  // columns and bounds are measured from here
   int lo[2] = {0, 0}, hi[2] = {seq.seqlen_k(p) - origin, seq.seqlen_k(p) - origin};  // visible: lo <= col < hi
@@ -34,9 +35,8 @@ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], int row0, in
     const int offset = seq.seqlen_k(p) - seq.seqlen_q(p) - origin;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = row0 + 8 * h;
-      if (p.window_right >= 0) hi[h] = min(hi[h], row + offset + p.window_right + 1);
-      if (p.window_left >= 0) lo[h] = row + offset - p.window_left;
+      if (p.window_right >= 0) hi[h] = min(hi[h], rows[h] + offset + p.window_right + 1);
+      if (p.window_left >= 0) lo[h] = rows[h] + offset - p.window_left;
     }
   }
   if (!kRelative || (kMasked && p.window_left >= 0)) {

@@ -28,6 +28,7 @@ namespace fa3::attn {
 
 struct WorkTile {
   int m_block, head, batch;
+  int split = 0;  // the decode kernel's key split (SplitTileWalk)
 };
 
 // Part 1's rounds of pairs (set on the host as FwdKernelParams::pair_rounds). By default all full
@@ -133,5 +134,25 @@ struct VarlenTileWalk {
     return kTile;
   }
 };
+
+// The decode kernel (FwdFeatures::kSplit): tiles (m_block, head, split, batch), m_block fastest,
+// then the tile head (a kv head when packed), then the split, so that the CTAs running at the same
+// time read one sequence's keys, each split its own part. Decodes have a tile or a few per head;
+// every tile costs about the same (its split's share of the keys), so the plain order balances.
+// m_block runs over the longest sequence's query tiles (varlen): the producer skips those past a
+// shorter one (no rows, nothing to store).
+__host__ __device__ __forceinline__ bool split_tile_at_step(int step, int cta, int grid, const FwdKernelParams& p,
+                                                            WorkTile& w) {
+  int t = step * grid + cta;
+  if (t >= p.num_tiles) return false;
+  const int heads = p.heads_q / p.pack_group;
+  w.m_block = t % p.num_m_blocks;
+  t /= p.num_m_blocks;
+  w.head = t % heads;
+  t /= heads;
+  w.split = t % p.num_splits;
+  w.batch = t / p.num_splits;
+  return true;
+}
 
 }  // namespace fa3::attn

@@ -1,4 +1,4 @@
-// fa3's operators for PyTorch: fa3::fwd and fa3::bwd, registered with the dispatcher through
+// fa3's operators for PyTorch: fa3::fwd, fa3::bwd and fa3::combine, registered with the dispatcher through
 // PyTorch's stable ABI (torch/csrc/stable), so that one build serves every torch >= 2.10 and every
 // Python version (the library is loaded with torch.ops.load_library and needs no Python headers).
 //
@@ -349,6 +349,59 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   return {dq, dk, dv};
 }
 
+// Merges split results (fa3::combine): out_partial float32 [splits, batch, seqlen, heads, head_dim]
+// with a contiguous head dim, lse_partial float32 [splits, batch, seqlen, heads] (FlashAttention-3's
+// layouts, any other strides) -> out [batch, seqlen, heads, head_dim] in out_dtype (fa3_dtype code:
+// fp16, bf16 or fp32) and lse [batch, seqlen, heads].
+std::tuple<Tensor, Tensor> combine(Tensor out_partial, Tensor lse_partial, int64_t out_dtype) {
+  FA3_TORCH_CHECK(out_partial.is_cuda(), "out_partial: expected a CUDA tensor");
+  const int32_t device = out_partial.get_device_index();
+  check_cuda(lse_partial, "lse_partial", device);
+  FA3_TORCH_CHECK(out_partial.scalar_type() == ScalarType::Float && out_partial.dim() == 5,
+                  "out_partial: expected float32 [splits, batch, seqlen, heads, head_dim]");
+  FA3_TORCH_CHECK(out_partial.stride(4) == 1 || out_partial.size(4) <= 1,
+                  "out_partial: the last (head_dim) dimension must be contiguous");
+  FA3_TORCH_CHECK(lse_partial.scalar_type() == ScalarType::Float && lse_partial.dim() == 4,
+                  "lse_partial: expected float32 [splits, batch, seqlen, heads]");
+  for (int64_t i = 0; i < 4; ++i)
+    FA3_TORCH_CHECK(lse_partial.size(i) == out_partial.size(i),
+                    "lse_partial: expected the leading shape of out_partial [splits, batch, seqlen, heads]");
+  FA3_TORCH_CHECK(out_dtype == FA3_DTYPE_FP16 || out_dtype == FA3_DTYPE_BF16 || out_dtype == FA3_DTYPE_FP32,
+                  "out_dtype: expected fp16, bf16 or fp32");
+  const auto guard = device_guard(device);
+  const int64_t b = out_partial.size(1), sq = out_partial.size(2), h = out_partial.size(3), d = out_partial.size(4);
+  const int32_t torch_dtype = out_dtype == FA3_DTYPE_FP16   ? aoti_torch_dtype_float16()
+                              : out_dtype == FA3_DTYPE_BF16 ? aoti_torch_dtype_bfloat16()
+                                                            : aoti_torch_dtype_float32();
+  Tensor out = new_cuda_tensor({b, sq, h, d}, torch_dtype, device);
+  Tensor lse = new_cuda_tensor({b, sq, h}, aoti_torch_dtype_float32(), device);
+  fa3::CombineArgs c;
+  c.out_dtype = static_cast<fa3_dtype>(out_dtype);
+  c.num_splits = static_cast<int32_t>(out_partial.size(0));
+  c.batch = static_cast<int32_t>(b);
+  c.seqlen = static_cast<int32_t>(sq);
+  c.heads = static_cast<int32_t>(h);
+  c.head_dim = static_cast<int32_t>(d);
+  c.out_partial = static_cast<const float*>(out_partial.const_data_ptr());
+  c.out_partial_split_stride = out_partial.stride(0);
+  c.out_partial_batch_stride = out_partial.stride(1);
+  c.out_partial_row_stride = out_partial.stride(2);
+  c.out_partial_head_stride = out_partial.stride(3);
+  c.lse_partial = static_cast<const float*>(lse_partial.const_data_ptr());
+  c.lse_partial_split_stride = lse_partial.stride(0);
+  c.lse_partial_batch_stride = lse_partial.stride(1);
+  c.lse_partial_row_stride = lse_partial.stride(2);
+  c.lse_partial_head_stride = lse_partial.stride(3);
+  c.out = fa3_tensor{out.mutable_data_ptr(), sq * h * d, h * d, d};
+  c.lse = static_cast<float*>(lse.mutable_data_ptr());
+  c.lse_batch_stride = sq * h;
+  c.lse_row_stride = h;
+  c.lse_head_stride = 1;
+  throw_if_failed(fa3::detail::combine_device_tensors(c, static_cast<cudaStream_t>(current_stream(device))),
+                  "combine");
+  return {out, lse};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(fa3, m) {
@@ -363,9 +416,11 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
         "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
         "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fa3, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&fwd));
   m.impl("bwd", TORCH_BOX(&bwd));
+  m.impl("combine", TORCH_BOX(&combine));
 }
