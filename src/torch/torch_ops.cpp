@@ -200,6 +200,10 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Op
     a.page_size = static_cast<int32_t>(k.size(1));
     a.num_pages = static_cast<int32_t>(k.size(0));
     const int64_t capacity = page_table->size(1) * k.size(1);
+    // The kernels read the table entries of the keys they load (seqused_k per sequence, at most
+    // seqlen_k): a table too short for them would be read past its rows.
+    FA3_TORCH_CHECK(max_seqlen_k <= capacity, "max_seqlen_k: ", max_seqlen_k, " keys exceed page_table's ",
+                    page_table->size(1), " pages x page_size ", k.size(1), " = ", capacity);
     a.seqlen_k = static_cast<int32_t>(max_seqlen_k > 0 ? max_seqlen_k : capacity);
   } else {
     FA3_TORCH_CHECK(k.size(0) == batch, "k: expected batch ", batch, " (that of q), got ", k.size(0));
