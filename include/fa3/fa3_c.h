@@ -119,7 +119,11 @@ typedef struct fa3_fwd_params {
   int64_t descale_batch_stride;
   int64_t descale_head_stride;
 
-  int32_t num_splits; /* split-KV: 0 = choose automatically, 1 = no split */
+  /* Split-KV for decodes (a kv head's queries x its query heads <= 128 rows, or num_splits > 1):
+   * 0 = choose automatically, 1 = no split, up to 128 (capped at the key blocks). Splits keep
+   * partial results in the workspace: with num_splits > 1 it must hold fa3_fwd_workspace_size()
+   * bytes; automatic splits take what a smaller workspace (or none) holds. */
+  int32_t num_splits;
   void* workspace;    /* device scratch of fa3_fwd_workspace_size() bytes (may be NULL when that is 0) */
   size_t workspace_bytes;
 } fa3_fwd_params;
