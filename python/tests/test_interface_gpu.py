@@ -271,6 +271,16 @@ def test_operator_errors_name_the_argument(make, match):
         _ops.fwd(q, k, v)
 
 
+def test_paged_cache_too_short_for_max_seqlen_k_is_refused():
+    q = rand(2, 1, 8, 64, dtype=torch.bfloat16)
+    k_pages = rand(8, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.arange(8, dtype=torch.int32, device=DEV).reshape(2, 4)  # 4 pages x 16 = 64 keys each
+    out, _ = _ops.fwd(q, k_pages, k_pages, page_table=table, max_seqlen_k=64)
+    assert torch.isfinite(out).all()
+    with pytest.raises(RuntimeError, match="max_seqlen_k: 65 keys exceed page_table"):
+        _ops.fwd(q, k_pages, k_pages, page_table=table, max_seqlen_k=65)
+
+
 def test_backward_rejects_a_wrong_lse():
     q = rand(2, 64, 4, 64, dtype=torch.bfloat16)
     out, lse = _ops.fwd(q, q, q)
