@@ -50,7 +50,11 @@ COLORS = {"fa3": "C3", "cudnn": "C0", "flash": "C1"}  # the same colour in every
 ERRORS = (RuntimeError, fa3_ctypes.Fa3Error, ValueError)  # a refusal or failure of one implementation
 
 # Extra rows (--extras): fixed shapes, 16k tokens and hidden 2048 as the sweep unless said otherwise.
-EXTRA_SECTIONS = ("softcap", "hdim192", "varlen", "paged")
+EXTRA_SECTIONS = ("softcap", "hdim192", "varlen", "paged", "fp8")
+FP8_HDIMS = (64, 128, 256)
+# fa3's e4m3 forward vs float64 on the bf16 values it was quantized from (the inputs' quantization
+# included: 4.8-5.7e-2 on the sweep's N(0, 1) inputs, 2026-12-01)
+FP8_MAX_REL_ERR = 8e-2
 PAGE_SIZES = (16, 256)
 PAGED_HDIMS = (128, 256)
 EXTRA_SEQLENS = (4096, 16384)
@@ -524,6 +528,12 @@ EXTRA_SPECS = {
         "ratios": (("fa3_varlen", "fa2_varlen", 1.8, "/FA2 vl"), ("fa3_varlen", "fa3_dense", 0.90, "/dense"),
                    ("fa3_varlen_eq", "fa3_dense", None, "vl=mn/dense")),
     },
+    "fp8": {
+        "title": "FP8 (e4m3 Q/K/V quantized per (batch, kv head) from the bf16 inputs, descales as "
+                 "FlashAttention-3's, bf16 O): fa3 e4m3 vs fa3 and cuDNN in bf16 on the same values",
+        "columns": (("fa3_fp8", "fa3 fp8"), ("fa3", "fa3 bf16"), ("cudnn", "cuDNN")),
+        "ratios": (("fa3_fp8", "fa3", None, "fp8/bf16"), ("fa3_fp8", "cudnn", None, "fp8/cuDNN")),
+    },
     "paged": {
         "title": f"paged KV cache (pages of {' and '.join(map(str, PAGE_SIZES))} rows, shuffled; the same keys and "
                  "values): fa3 paged vs fa3 on contiguous K/V",
@@ -537,6 +547,7 @@ EXTRA_LABELS = {
     "cudnn": LABELS["cudnn"], "flash": LABELS["flash"], "cudnn_dense": "cuDNN (SDPA) dense at the mean length",
     "fa2_varlen": "FA2 varlen", "fa3_varlen_eq": "fa3 varlen at equal lengths (the dense batches packed)",
     **{f"fa3_paged{n}": f"fa3 paged, pages of {n}" for n in PAGE_SIZES},
+    "fa3_fp8": "fa3 e4m3",
 }
 
 
@@ -754,7 +765,58 @@ def extra_paged(torch, lib, args, l2, dtype, d, causal, seqlen):
     return row
 
 
-EXTRA_RUNNERS = {"softcap": extra_softcap, "hdim192": extra_hdim192, "varlen": extra_varlen, "paged": extra_paged}
+def quantize_e4m3(torch, x):
+    """x [b, s, h, d] -> (e4m3 x / scale, scale float32 [b, h]): one scale per (batch, head), amax -> 448."""
+    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(1e-12)
+    scale = amax / 448.0
+    q = (x.float() / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return q, scale.contiguous()
+
+
+def extra_fp8(torch, lib, args, l2, dtype, d, causal, seqlen):
+    """fa3's e4m3 forward on the sweep's inputs quantized per (batch, head), vs fa3 and cuDNN in bf16."""
+    shape = shape_of(args, d, causal, seqlen)
+    b, h = shape["batch"], shape["heads"]
+    row = new_extra_row("fp8", f"d{d} {seqlen // 1024}k{' causal' if causal else ''}", d=d, d_v=d, causal=causal,
+                        seqlen=seqlen, batch=b, heads=h)
+    scale, f = 1.0 / math.sqrt(d), attn_flops(b, h, seqlen, seqlen, d, d, causal)
+    sets = make_input_sets(torch, shape, dtype, l2)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
+    record(torch, row, "fa3", res, out, f, kname)
+    outs = {"fa3": out}
+    if "cudnn" in args.impls:
+        res, outs["cudnn"] = run_sdpa(torch, args, "cudnn", sets, causal, scale)
+        record(torch, row, "cudnn", res, outs["cudnn"], f)
+    dense_check(torch, row, sets[0], outs, causal, scale)
+    del outs
+    fp8_sets = []
+    for st in sets:
+        q8 = {}
+        for name in ("q", "k", "v"):
+            q8[name], q8[name + "_descale"] = quantize_e4m3(torch, st[name])
+        fp8_sets.append(q8)
+    s0 = sets[0]
+    del sets
+    outs8 = [torch.empty(s["q"].shape, dtype=torch.bfloat16, device="cuda") for s in fp8_sets]
+    params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale,
+                                    q_descale=s["q_descale"], k_descale=s["k_descale"], v_descale=s["v_descale"])
+              for s, o in zip(fp8_sets, outs8)]
+    stream = torch.cuda.current_stream().cuda_stream
+    try:
+        kname = fa3_ctypes.kernel_name(lib, params[0])
+        res, out8 = measure(torch, args, [lambda p=p: fa3_ctypes.run_forward(lib, p, stream) for p in params])
+        out8 = outs8[0] if res["error"] is None else None
+    except ERRORS as e:
+        res, out8, kname = {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}, None, None
+    record(torch, row, "fa3_fp8", res, out8, f, kname)
+    if out8 is not None:  # against float64 attention on the bf16 values (input quantization included)
+        kept = {"inputs": [s0[n][0, :, :REF_HEADS] for n in ("q", "k", "v")], "outs": {"fa3_fp8": out8[0, :, :REF_HEADS]}}
+        row["rel_err_vs_fp64"].update(reference_check(torch, kept, causal, scale))
+    return row
+
+
+EXTRA_RUNNERS = {"softcap": extra_softcap, "hdim192": extra_hdim192, "varlen": extra_varlen, "paged": extra_paged,
+                 "fp8": extra_fp8}
 
 
 def extra_cases(section, args):
@@ -765,6 +827,8 @@ def extra_cases(section, args):
         return [(c, s) for c in args.causals for s in EXTRA_SEQLENS]
     if section == "paged":
         return [(d, c, s) for d in PAGED_HDIMS for c in args.causals for s in EXTRA_SEQLENS]
+    if section == "fp8":
+        return [(d, c, s) for d in FP8_HDIMS for c in args.causals for s in EXTRA_SEQLENS]
     return [(d, c) for d in VARLEN_HDIMS for c in args.causals]
 
 
@@ -775,7 +839,7 @@ def extra_problems(row):
            for k, res in row["impls"].items() if k.startswith("fa3") and res["error"]]
     out += [f"{where}: NaN in {EXTRA_LABELS[k]}'s output" for k, nan in row["nan"].items() if nan]
     out += [f"{where}: {EXTRA_LABELS[k]} rel err vs float64 {e:.3e}" for k, e in row["rel_err_vs_fp64"].items()
-            if k.startswith("fa3") and not (math.isfinite(e) and e <= MAX_REL_ERR)]
+            if k.startswith("fa3") and not (math.isfinite(e) and e <= (FP8_MAX_REL_ERR if "fp8" in k else MAX_REL_ERR))]
     row["ok"] = not out
     return out
 
@@ -829,6 +893,41 @@ def print_extras_summary(rows):
           f"{n_ok} of {len(rows)}")
 
 
+def fp8_error_test(torch, lib):
+    """FlashAttention-3's FP8 error test (its paper, section 4.3): Q, K, V ~ N(0, 1) + N(0, 100) x
+    Bernoulli(0.001), d128, batch 2, 4096 tokens, 16 heads; RMSE of O against float64 attention (all
+    heads of the first sequence), for fa3 in bf16 and in e4m3 with one scale per (batch, head)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    b, s, h, d = 2, 4096, 16, 128
+
+    def outliers():
+        x = torch.randn(b, s, h, d, device="cuda", generator=gen)
+        big = torch.randn(b, s, h, d, device="cuda", generator=gen) * 10.0
+        return x + big * (torch.rand(b, s, h, d, device="cuda", generator=gen) < 0.001)
+
+    q, k, v = outliers(), outliers(), outliers()
+    scale = 1.0 / math.sqrt(d)
+    ref = attention_fp64(torch, q[0], k[0], v[0], False, scale)
+    stream = torch.cuda.current_stream().cuda_stream
+    result = {}
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    out = torch.empty_like(qb)
+    fa3_ctypes.run_forward(lib, fa3_ctypes.fwd_params(lib, qb, kb, vb, out, softmax_scale=scale), stream)
+    result["bf16"] = out
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_e4m3(torch, t) for t in (q, k, v))
+    out8 = torch.empty_like(qb)
+    p8 = fa3_ctypes.fwd_params(lib, q8, k8, v8, out8, softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd)
+    fa3_ctypes.run_forward(lib, p8, stream)
+    result["e4m3 per (batch, head)"] = out8
+    torch.cuda.synchronize()
+    rmse = {name: float(((o[0].double() - ref) ** 2).mean().sqrt()) for name, o in result.items()}
+    print("\n# FP8 error test (FlashAttention-3 section 4.3: N(0,1) + N(0,100) x Bernoulli(0.001), d128, b 2, "
+          "s 4096, h 16): RMSE of O vs float64")
+    for name, e in rmse.items():
+        print(f"{name:<28} {e:.2e}")
+    return rmse
+
+
 def run_extras(torch, lib, args, l2):
     """The sections of args.extras, one table each, then their summary.  Returns (rows, problems)."""
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
@@ -841,7 +940,12 @@ def run_extras(torch, lib, args, l2):
             rows.append(row)
             print_extra_row(row)
             torch.cuda.empty_cache()
-    print_extras_summary(rows)
+        if section == "fp8":
+            try:
+                rows.append({"section": "fp8_error_test", "rmse": fp8_error_test(torch, lib), "ok": True})
+            except ERRORS as e:
+                problems.append(f"fp8 error test: {error_text(e)}")
+    print_extras_summary([r for r in rows if r["section"] in EXTRA_SECTIONS])
     return rows, problems
 
 

@@ -8,6 +8,7 @@
 // Comparisons with cuDNN/FA2 live in compare.py and compare_bwd.py.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -47,13 +48,18 @@ __device__ uint32_t hash32(uint64_t x) {
   x ^= x >> 33;
   return uint32_t(x);
 }
-__global__ void fill_normal(uint16_t* dst, size_t n, uint64_t seed, bool bf16) {
+// dtype: the elements written (e4m3: one byte each, N(0, 1) x 8 to use its range).
+__global__ void fill_normal(uint16_t* dst, size_t n, uint64_t seed, fa3_dtype dtype) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float u1 = (hash32(seed * 0x9E3779B97F4A7C15ull + 2 * i) + 1.f) * 2.3283064e-10f;
     const float u2 = hash32(seed * 0x9E3779B97F4A7C15ull + 2 * i + 1) * 2.3283064e-10f;
     const float z = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
     uint16_t bits;
-    if (bf16) {
+    if (dtype == FA3_DTYPE_E4M3) {
+      reinterpret_cast<__nv_fp8_e4m3*>(dst)[i] = __nv_fp8_e4m3(8.f * z);
+      continue;
+    }
+    if (dtype == FA3_DTYPE_BF16) {
       __nv_bfloat16 h = __float2bfloat16_rn(z);
       std::memcpy(&bits, &h, 2);
     } else {
@@ -90,7 +96,7 @@ std::vector<int> parse_list(const char* s) {
 void usage() {
   std::puts(
       "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
-      "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16] [--warmup 5] [--iters 20]\n"
+      "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16|e4m3] [--warmup 5] [--iters 20]\n"
       "          [--softcap X] [--bwd] [--ablation] [--tune] [--no-flush] [--host] [--json FILE]\n"
       "  --host: the host time of one fa3::forward call on tiny problems (no GPU wait in the loop)\n"
       "  --bwd: the backward (fa3_backward, default and deterministic) instead of the forward\n"
@@ -137,11 +143,12 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
     CHECK_CUDA(cudaMalloc(&v, kv_elems * 2));
     CHECK_CUDA(cudaMalloc(&out, q_elems * 2));
     for (auto [p, n] : {std::pair{q, q_elems}, std::pair{k, kv_elems}, std::pair{v, kv_elems}})
-      fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(p), n, bufs.size() + 1, o.dtype == FA3_DTYPE_BF16);
+      fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(p), n, bufs.size() + 1, o.dtype);
     CHECK_CUDA(cudaGetLastError());
     bufs.insert(bufs.end(), {q, k, v, out});
     auto& a = args[i];
-    a.dtype = a.out_dtype = o.dtype;
+    a.dtype = o.dtype;
+    a.out_dtype = o.dtype == FA3_DTYPE_E4M3 ? FA3_DTYPE_BF16 : o.dtype;
     a.batch = b;
     a.seqlen_q = a.seqlen_k = s;
     a.heads_q = h;
@@ -166,7 +173,7 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       CHECK_CUDA(cudaMalloc(&dq, q_elems * 2));
       CHECK_CUDA(cudaMalloc(&dk, kv_elems * 2));
       CHECK_CUDA(cudaMalloc(&dv, kv_elems * 2));
-      fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(dout), q_elems, 1000 + i, o.dtype == FA3_DTYPE_BF16);
+      fill_normal<<<1024, 256>>>(static_cast<uint16_t*>(dout), q_elems, 1000 + i, o.dtype);
       CHECK_CUDA(cudaGetLastError());
       a.lse = static_cast<float*>(lse);
       const fa3::Status st = fa3::forward(a);
@@ -326,7 +333,10 @@ int main(int argc, char** argv) {
     else if (a == "--batch") o.batch = std::atoi(next());
     else if (a == "--heads") o.heads = std::atoi(next());
     else if (a == "--heads-kv") o.heads_kv = std::atoi(next());
-    else if (a == "--dtype") o.dtype = std::string(next()) == "fp16" ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+    else if (a == "--dtype") {
+      const std::string t = next();
+      o.dtype = t == "fp16" ? FA3_DTYPE_FP16 : t == "e4m3" ? FA3_DTYPE_E4M3 : FA3_DTYPE_BF16;
+    }
     else if (a == "--warmup") o.warmup = std::atoi(next());
     else if (a == "--iters") o.iters = std::atoi(next());
     else if (a == "--softcap") o.softcap = float(std::atof(next()));
@@ -381,7 +391,7 @@ int main(int argc, char** argv) {
         for (int s : o.seqlens) {
           std::vector<Variant> vs{product};
           for (const auto& v : fa3::bench::tune_variants())
-            if (v.head_dim == d && v.masked == (c != 0))
+            if (v.head_dim == d && v.masked == (c != 0) && v.dtype == o.dtype)
               vs.push_back({v.name, [&v](const fa3::FwdArgs& a) { return v.launch(fa3::detail::make_problem(a), nullptr); }});
           const int h = o.hidden / d, b = std::max(1, o.tokens / s);
           record(run_shape(o, d, c, s, b, h, h, vs));

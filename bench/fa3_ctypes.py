@@ -240,7 +240,7 @@ def _max_seqlen(cu_seqlens):
 
 def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, *,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
-               page_table=None, num_splits=None):
+               page_table=None, num_splits=None, q_descale=None, k_descale=None, v_descale=None):
     """Fills fa3_fwd_params from torch tensors in BSHD layout.
 
     Fixed length: q/out [b, s_q, h_q, d_qk / d_v], k/v [b, s_k, h_kv, d_qk / d_v] (d_v may differ
@@ -251,6 +251,8 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     Paged KV: page_table (int32 [batch, pages per sequence]) with k/v [num_pages, page_size, h_kv, d];
     seqlen_k is then max_seqlen_k, else the table's pages times page_size.
     softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap).
+    q/k/v_descale (e4m3 inputs): float32 [b, h_kv] factors the stored values are multiplied by
+    (FlashAttention-3's descales; one layout, the strides of q_descale's).
     num_splits (split-KV): None keeps the library's default (0 = automatic), 1 = no split, > 1 = that
     many key splits; it is set before the workspace query, whose size depends on it.
 
@@ -305,6 +307,16 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     p.causal = int(bool(causal))
     p.window_left, p.window_right = int(window[0]), int(window[1])
     p.softcap = float(softcap)
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+            if t is None:
+                continue
+            if t.dtype != torch.float32 or t.dim() != 2:
+                raise ValueError(f"fa3_ctypes: {name} must be float32 [batch, heads_kv]")
+            setattr(p, name, t.data_ptr())
+            keep.append(t)
+        first = next(t for t in (q_descale, k_descale, v_descale) if t is not None)
+        p.descale_batch_stride, p.descale_head_stride = first.stride(0), first.stride(1)
     if num_splits is not None:
         p.num_splits = int(num_splits)  # before the workspace query: the split partials live there
     p._keep = keep  # ctypes holds raw pointers only: keep the tensors alive with the struct

@@ -9,9 +9,12 @@
 namespace fa3::bench {
 
 using attn::TileConfig;
+// An e4m3 tile (fwd_config.h's Fp8Tile) of a TileConfig.
+template <class Cfg>
+using Fp8 = attn::Fp8Tile<Cfg>;
 
 // Both mask variants of one tile configuration (fwd_config.h's TileConfig) with its schedule flags.
-template <class Cfg>
+template <class Cfg, int kDtype = FA3_DTYPE_BF16>
 void add_variant(std::vector<TuneVariant>& v) {
   constexpr int kSched = Cfg::kSchedule;
   std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOInKV ? " O@KV" : "") +
@@ -19,8 +22,9 @@ void add_variant(std::vector<TuneVariant>& v) {
                      ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
                      ((kSched & attn::kExpUnderPv) ? " xpv" : "") + ((kSched & attn::kCrossTile) ? " xtile" : "") +
                      ((kSched & attn::kNarrowFirst) ? " narrow" : "");
-  v.push_back({name, Cfg::kHeadDim, false, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, attn::FwdFeatures<false>>});
-  v.push_back({name, Cfg::kHeadDim, true, &attn::launch_fwd<FA3_DTYPE_BF16, Cfg, attn::FwdFeatures<true>>});
+  const auto dtype = static_cast<fa3_dtype>(kDtype);
+  v.push_back({name, Cfg::kHeadDim, false, dtype, &attn::launch_fwd<kDtype, Cfg, attn::FwdFeatures<false>>});
+  v.push_back({name, Cfg::kHeadDim, true, dtype, &attn::launch_fwd<kDtype, Cfg, attn::FwdFeatures<true>>});
 }
 
 void add_d64(std::vector<TuneVariant>& v);

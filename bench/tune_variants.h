@@ -16,6 +16,7 @@ struct TuneVariant {
   std::string name;
   int head_dim;
   bool masked;
+  fa3_dtype dtype;  // of the operands it runs on
   Status (*launch)(const detail::FwdProblem&, cudaStream_t);
 };
 

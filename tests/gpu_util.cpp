@@ -528,7 +528,13 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
   p.softcap = c.softcap;
   p.seqlen_q = P.used_q;  // what the attention sees; masks align to these lengths
   p.seqlen_k = P.used_k;
-  const float descale[3] = {0.5f, 0.25f, 0.75f};  // fp8: q, k, v
+  // fp8 descales of q, k, v: a different factor per (batch, kv head), so a kernel that reads the
+  // wrong entry shows.
+  const float descale[3] = {0.5f, 0.25f, 0.75f};
+  auto descale_at = [&](int which, int b, int kv_head) {
+    return descale[which] * (1.f + 0.25f * float((3 * b + 5 * kv_head + which) % 4));
+  };
+  const int group = c.heads_q / c.heads_kv;
 
   auto& a = d.args;
   a.dtype = c.dtype;
@@ -590,11 +596,11 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
       q.reserve(size_t(p.seqlen_q[b]) * c.heads_q * dqk);
       for (int i = 0; i < p.seqlen_q[b]; ++i)
         for (int h = 0; h < c.heads_q; ++h)
-          for (int x = 0; x < dqk; ++x) q.push_back(value(hq, P.q_index(b, i, h, x), descale[0]));
+          for (int x = 0; x < dqk; ++x) q.push_back(value(hq, P.q_index(b, i, h, x), descale_at(0, b, h / group)));
       for (int j = 0; j < p.seqlen_k[b]; ++j)
         for (int h = 0; h < c.heads_kv; ++h) {
-          for (int x = 0; x < dqk; ++x) d.in.k[b].push_back(value(hk, P.k_index(b, j, h, x), descale[1]));
-          for (int x = 0; x < dv; ++x) d.in.v[b].push_back(value(hv, P.v_index(b, j, h, x), descale[2]));
+          for (int x = 0; x < dqk; ++x) d.in.k[b].push_back(value(hk, P.k_index(b, j, h, x), descale_at(1, b, h)));
+          for (int x = 0; x < dv; ++x) d.in.v[b].push_back(value(hv, P.v_index(b, j, h, x), descale_at(2, b, h)));
         }
     }
   }
@@ -642,7 +648,8 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
   if (c.dtype == FA3_DTYPE_E4M3) {
     std::vector<float> ds;
     for (int which = 0; which < 3; ++which)
-      for (int i = 0; i < c.batch * c.heads_kv; ++i) ds.push_back(descale[which]);
+      for (int b = 0; b < c.batch; ++b)
+        for (int h = 0; h < c.heads_kv; ++h) ds.push_back(descale_at(which, b, h));
     d.descale = DeviceBuffer(ds.size() * 4);
     d.descale.upload(ds.data(), ds.size() * 4);
     const float* base = static_cast<const float*>(d.descale.get());
@@ -785,20 +792,20 @@ std::string Errors::summary() const {
   return std::string(buf) + (stray_where.empty() ? "" : " [" + stray_where + "]");
 }
 
-bool is_close(const Errors& e, double rel_tol, std::string* why) {
+bool is_close(const Errors& e, double rel_tol, std::string* why, double lse_tol) {
   // Written as !(x <= bound) so that a NaN error fails.
   const bool ok = e.nan_count == 0 && e.rel_fro <= rel_tol && e.max_abs <= 5 * rel_tol * std::max(1.0, e.max_ref) &&
-                  e.lse_mismatch == 0 && e.lse_max_err <= 1e-3 && e.stray_o == 0 && e.stray_lse == 0;
+                  e.lse_mismatch == 0 && e.lse_max_err <= lse_tol && e.stray_o == 0 && e.stray_lse == 0;
   if (!ok && why) *why = e.summary();
   return ok;
 }
 
-void expect_close(const Errors& e, const std::string& what, double rel_tol) {
+void expect_close(const Errors& e, const std::string& what, double rel_tol, double lse_tol) {
   EXPECT_EQ(e.nan_count, 0) << what << ": " << e.summary();
   EXPECT_LE(e.rel_fro, rel_tol) << what << ": " << e.summary();
   EXPECT_LE(e.max_abs, 5 * rel_tol * std::max(1.0, e.max_ref)) << what << ": " << e.summary();
   EXPECT_EQ(e.lse_mismatch, 0) << what << ": " << e.summary();
-  EXPECT_LE(e.lse_max_err, 1e-3) << what << ": " << e.summary();
+  EXPECT_LE(e.lse_max_err, lse_tol) << what << ": " << e.summary();
   EXPECT_EQ(e.stray_o, 0) << what << ": output elements no sequence owns were written: " << e.summary();
   EXPECT_EQ(e.stray_lse, 0) << what << ": LSE entries no sequence owns were written: " << e.summary();
 }

@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(128) wgmma_e4m3_tile(const __grid_constant__ C
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kK8 / MmaE4m3::kK; ++kk)
-    MmaE4m3::Op<kN8>::ss(s, desc_advance(da, A8Tile::k_chunk_offset<32>(kk)), desc_advance(db, B8Tile::k_chunk_offset<32>(kk)),
+    MmaE4m3::Op<kN8>::template ss<0>(s, desc_advance(da, A8Tile::k_chunk_offset<32>(kk)), desc_advance(db, B8Tile::k_chunk_offset<32>(kk)),
                          kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(128) wgmma_e4m3_tile(const __grid_constant__ C
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kK8 / MmaE4m3::kK; ++kk)
-    MmaE4m3::Op<kN8>::rs(o, af[kk], desc_advance(db, B8Tile::k_chunk_offset<32>(kk)), kk > 0);
+    MmaE4m3::Op<kN8>::template rs<0>(o, af[kk], desc_advance(db, B8Tile::k_chunk_offset<32>(kk)), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(o);

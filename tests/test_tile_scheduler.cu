@@ -11,10 +11,12 @@
 
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_prepost.cuh"
+#include "src/attention/fwd_config.h"
 #include "src/hopper/wgmma.cuh"
 #include "src/attention/split_plan.h"
 #include "src/attention/tile_rows.cuh"
 #include "src/attention/tile_scheduler.cuh"
+#include "src/attention/v_transpose.cuh"
 
 namespace fa3::attn {
 namespace {
@@ -311,6 +313,54 @@ TEST(BwdLayout, DqAccumIndexMatchesTheAccumulator) {
         }
     for (int x : seen) ASSERT_EQ(x, 1);
   }
+}
+
+// The FP8 kernel's V transposer on the CPU: every (d row, key position) of the V^T stage is
+// written exactly once, from the key the P fragments hold there (MmaE4m3::key_of_position), and
+// the 32 lanes of each load and each store hit 32 distinct banks.
+template <class Cfg>
+void check_v_transpose() {
+  using T = VTranspose<Cfg>;
+  using Raw = typename T::Raw;
+  using Vt = typename T::Vt;
+  const int rows = Cfg::kHeadDimV, keys = Cfg::kBlockN;
+  std::vector<int> written(rows * keys, 0);
+  for (int warp = 0; warp < 3; ++warp)
+    for (int i = warp; i < T::kWords / T::kH; i += 3) {
+      for (int q = 0; q < 4; ++q) {  // one load instruction of the warp
+        std::vector<int> banks;
+        for (int lane = 0; lane < 32; ++lane) {
+          const auto m = T::lane_map(i, lane);
+          banks.push_back(int(hopper::swizzled_offset<1>(T::source_key(m, q), 4 * m.e, Cfg::kBlockN) / 4 % 32));
+        }
+        std::sort(banks.begin(), banks.end());
+        EXPECT_EQ(std::unique(banks.begin(), banks.end()) - banks.begin(), 32) << "load bank conflict, i " << i;
+      }
+      for (int j = 0; j < 4; ++j) {  // one store instruction
+        std::vector<int> banks;
+        for (int lane = 0; lane < 32; ++lane) {
+          const auto m = T::lane_map(i, lane);
+          const int row = 4 * m.e + j, pos = T::target_position(m);
+          banks.push_back(int(hopper::swizzled_offset<1>(row, pos, rows) / 4 % 32));
+          for (int q = 0; q < 4; ++q) {
+            ASSERT_LT(row, rows);
+            ASSERT_LT(pos + q, keys);
+            ++written[row * keys + pos + q];
+            // byte q of the stored word: the source key of load q
+            EXPECT_EQ(T::source_key(m, q), (pos + q) / 32 * 32 + hopper::MmaE4m3::key_of_position((pos + q) % 32));
+          }
+        }
+        std::sort(banks.begin(), banks.end());
+        EXPECT_EQ(std::unique(banks.begin(), banks.end()) - banks.begin(), 32) << "store bank conflict, i " << i;
+      }
+    }
+  for (int x : written) ASSERT_EQ(x, 1);
+}
+
+TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
+  check_v_transpose<FwdFp8Config<64, false>>();
+  check_v_transpose<FwdFp8Config<128, true>>();
+  check_v_transpose<FwdFp8Config<256, false>>();
 }
 
 }  // namespace

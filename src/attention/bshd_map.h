@@ -17,10 +17,11 @@ namespace fa3::attn {
 
 // A [batch][seqlen][heads][d] tensor as a 4-D TMA map; extents of 1 get a harmless stride so that
 // the driver's stride checks never see the (irrelevant) stride a caller passed for them.
-// A box is box_rows rows of box_heads heads (pack-GQA's Q, tile_rows.cuh), laid out rows fastest.
+// A box is box_rows rows of box_heads heads (pack-GQA's Q, tile_rows.cuh), laid out rows fastest,
+// and 128 bytes of columns (one swizzle panel: 64 16-bit or 128 one-byte elements).
 inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataType dtype, const fa3_tensor& t,
                             int head_dim, int seqlen, int heads, int batch, uint32_t box_rows, uint32_t box_heads = 1) {
-  constexpr uint64_t kElem = 2;
+  const uint64_t kElem = dtype == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
   uint64_t row = uint64_t(t.row_stride) * kElem, head = uint64_t(t.head_stride) * kElem,
            bat = uint64_t(t.batch_stride) * kElem;
   if (seqlen == 1) row = uint64_t(head_dim) * kElem;
@@ -28,11 +29,11 @@ inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataT
   if (batch == 1) bat = head * uint64_t(heads);
   auto align16 = [](uint64_t x) { return (x + 15) / 16 * 16; };
   hopper::TmaMap4dDesc d{dtype,
-                         2,
+                         int(kElem),
                          t.data,
                          {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
                          {align16(row), align16(head), align16(bat)},
-                         {64, box_rows, box_heads, 1}};
+                         {uint32_t(128 / kElem), box_rows, box_heads, 1}};
   const std::string err = hopper::encode_tma_map_4d(map, d);
   if (!err.empty()) return Status(FA3_ERROR_INTERNAL, std::string("TMA map for ") + name + ": " + err);
   return Status();

@@ -6,6 +6,7 @@
 //    epilogue overlapping the next tile's first QK^T (mainloop_mma.cuh).
 #pragma once
 #include "src/attention/block_info.cuh"
+#include "src/attention/descale.cuh"
 #include "src/attention/epilogue.cuh"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/mainloop_mma.cuh"
@@ -19,6 +20,7 @@ struct FwdConsumer {
   using Softmax = typename Mainloop::Softmax;
   using Seq = typename Mainloop::Seq;
   static constexpr int kDv = Cfg::kHeadDimV;
+  static constexpr bool kFp8 = FwdSmem<Cfg>::kTransposeV;
 
   const FwdKernelParams& p;
   FwdSmem<Cfg> smem;
@@ -44,6 +46,11 @@ struct FwdConsumer {
   // rewrites the note (an arrive by thread 0 alone left the other threads' reads unordered before
   // that write: compute-sanitizer racecheck).
   __device__ __forceinline__ void release_q() { smem.bars().q.consumer_release(q_st); }
+
+  // A fresh softmax for tile w (e4m3: its descales join the scale).
+  __device__ __forceinline__ Softmax softmax_for(const WorkTile& w) const {
+    return Softmax(softmax_scale_log2<kFp8>(p, w.batch, w.head));
+  }
 
   // The tile a note describes, with its sequence info (varlen: the note's; else the parameters').
   __device__ __forceinline__ Seq seq_of(const typename FwdSmem<Cfg>::TileNote& note) const {
@@ -76,7 +83,7 @@ struct FwdConsumer {
         continue;
       }
       float o[kDv / 2];
-      Softmax softmax(p.scale_log2);
+      Softmax softmax = softmax_for(w);
       mainloop.run(w.m_block, seq, r, q_st.index, o, softmax, [&] { release_q(); });
       if constexpr (Cfg::kOInKV) {
         // No room for an O tile: the last key block's stages, kept from the producer, take the
@@ -99,8 +106,8 @@ struct FwdConsumer {
     Seq seq = Seq::unset(p);
     if (!next_tile(w, r, seq)) return;
     float o[kDv / 2], s[Cfg::kBlockN / 2];
-    uint32_t pa[Cfg::kBlockN / 16][4];
-    Softmax softmax(p.scale_log2);
+    uint32_t pa[Cfg::kBlockN / Mainloop::Mma::kK][4];
+    Softmax softmax = softmax_for(w);
     mainloop.begin_tile(w.m_block, seq, r, q_st.index, o, s, pa, softmax);
     for (;;) {
       mainloop.middle_blocks(w.m_block, seq, r, q_st.index, o, s, pa, softmax);
@@ -117,7 +124,7 @@ struct FwdConsumer {
       mainloop.end_tile_start_next(q_st.index, o, s, pa);
       // Under the next tile's first QK^T.
       epilogue.template store<typename Epi::OwnStaging>(w, seq, o, softmax, epilogue.own_staging());
-      softmax = Softmax(p.scale_log2);
+      softmax = softmax_for(w_next);
       mainloop.next_first_softmax(w_next.m_block, seq_next, r_next, s, pa, softmax);
 #pragma unroll
       for (int i = 0; i < kDv / 2; ++i) o[i] = 0.f;

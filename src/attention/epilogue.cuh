@@ -12,6 +12,7 @@
 #pragma once
 #include <cmath>
 
+#include "src/attention/descale.cuh"
 #include "src/attention/fwd_features.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/seqlen_info.cuh"
@@ -26,7 +27,10 @@ namespace fa3::attn {
 template <class Elem, class Cfg, class Feat>
 struct Epilogue {
   using Smem = FwdSmem<Cfg>;
-  using Mma = hopper::Mma16<Elem>;
+  // O's element type (bf16 for e4m3 operands) and its packing.
+  using Out = typename hopper::OperandTraits<Elem>::Out;
+  using Mma = hopper::Mma16<Out>;
+  static constexpr bool kFp8 = Smem::kTransposeV;
   using Seq = SeqlenInfo<Feat::kVarlen>;
   static constexpr int kDv = Cfg::kHeadDimV;
   static constexpr bool kDirectStore = Feat::kVarlen;
@@ -60,6 +64,11 @@ struct Epilogue {
                         uint8_t* staging) const {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
+    if constexpr (kFp8) {
+      const float dv = output_descale<true>(p, w.batch, w.head);
+      inv[0] *= dv;
+      inv[1] *= dv;
+    }
     if constexpr (Feat::kSplit) {
       store_partial(w, seq, o, inv, lse);
       return;
@@ -107,7 +116,7 @@ struct Epilogue {
   __device__ void store_direct(const WorkTile& w, const Seq& seq, const uint8_t* staging) const {
     const int chunks = p.head_dim_v / 8, row0 = first_row(w);
     const int rows = min(64, seq.seqlen_q(p) - row0);
-    Elem* base = static_cast<Elem*>(p.o) + seq.o_offset(p, w.head) + int64_t(row0) * p.o_row_stride;
+    Out* base = static_cast<Out*>(p.o) + seq.o_offset(p, w.head) + int64_t(row0) * p.o_row_stride;
     for (int idx = thread; idx < rows * chunks; idx += hopper::kWarpgroupSize) {
       const int r = idx / chunks, c = idx % chunks;
       const uint4 v = *reinterpret_cast<const uint4*>(staging + Staging::offset(r, 8 * c));
@@ -131,7 +140,7 @@ struct Epilogue {
       const int head = Rows::head(p, w.head, r);
       if (p.num_splits == 1) {
         if (lane % 4 == 0 && p.lse != nullptr) p.lse[seq.lse_offset(p, head) + query] = lse[h];
-        Elem* dst = static_cast<Elem*>(p.o) + seq.o_offset(p, head) + int64_t(query) * p.o_row_stride + 2 * (lane % 4);
+        Out* dst = static_cast<Out*>(p.o) + seq.o_offset(p, head) + int64_t(query) * p.o_row_stride + 2 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < kDv / 8; ++j)  // (head_dim_v is a multiple of 8: whole 8-column blocks)
           if (8 * j < p.head_dim_v)

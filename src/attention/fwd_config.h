@@ -29,6 +29,7 @@ struct TileConfig {
   static constexpr int kHeadDim = kD, kHeadDimV = kDv, kBlockM = kM, kBlockN = kN, kStages = kS;
   static constexpr bool kOInKV = kOInKV_;
   static constexpr int kSchedule = kSched;
+  static constexpr int kOperandBytes = 2;  // Q/K/V elements: 16-bit (FwdFp8Config: e4m3)
 };
 // A tile with other schedule flags (the benchmark's ablation).
 template <class Cfg, int kSched>
@@ -133,6 +134,37 @@ template <>
 struct FwdSplitConfig<128> : TileConfig<128, 64, 128, 2, false, kDecodeSchedule> {};
 template <>
 struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> {};
+// The FP8 (e4m3) tiles: Q/K/V of one byte, O in bf16. wgmma takes e4m3 operands K-major only, so
+// the PV's B is V^T, which warps 1-3 of the producer warpgroup write from the loaded V block into
+// stages of their own (v_transpose.cuh; its lane map wants 64- or 128-key blocks). The GEMMs take
+// half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, 2026-12-01,
+// perf-log step 65): d64 and d128 on two consumers with 128 keys, masked problems on the stream
+// schedule, unmasked ones without pingpong (both warpgroups' softmax at once: +3-20% at 1k-4k);
+// three consumers (192 rows, 152 registers) won only at 16k unmasked and lost up to 25% below.
+// d256 (O alone is 128 registers) keeps two pingpong consumers on 64-key blocks (128 keys: S 64 +
+// P 16 + O 128 made ptxas serialise the wgmmas at 232), Q single-buffered: 32 + 2 x (16 + 16 + 32)
+// + an O tile of 64 KB.
+template <int kHeadDim, bool kMasked>
+struct FwdFp8Config;
+template <class Cfg>
+struct Fp8Tile : Cfg {
+  static constexpr int kOperandBytes = 1;
+  static_assert((Cfg::kBlockN == 128 || Cfg::kBlockN == 64) && (Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
+                "the V transpose's lane map: 64- or 128-key blocks; 2 or 3 consumers");
+};
+constexpr int kFp8UnmaskedSchedule = kFullSchedule & ~kPingpong;
+template <>
+struct FwdFp8Config<64, false> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kFp8UnmaskedSchedule>> {};
+template <>
+struct FwdFp8Config<64, true> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};
+template <>
+struct FwdFp8Config<128, false> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kFp8UnmaskedSchedule>> {};
+template <>
+struct FwdFp8Config<128, true> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
+template <bool kMasked>
+struct FwdFp8Config<256, kMasked> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
+constexpr int fp8_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }
+
 constexpr int split_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }
 
 }  // namespace fa3::attn

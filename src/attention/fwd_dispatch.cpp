@@ -5,7 +5,9 @@
 //  - the d_qk 192 / d_v 128 tile (FwdConfigQkV), with and without varlen;
 //  - the decode kernel (FwdSplitConfig, FwdFeatures<true, false, true, true>) per dtype at d64,
 //    d128 and d256, for the problems split_plan() sends there (split_plan.h: decodes, explicit
-//    splits); its splits need the workspace, one split none.
+//    splits); its splits need the workspace, one split none;
+//  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen; no
+//    softcap, and no decode path (num_splits has no effect: every problem takes the one kernel).
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
@@ -23,7 +25,7 @@ namespace fa3::detail {
 
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
-  if (p.dtype != FA3_DTYPE_BF16 && p.dtype != FA3_DTYPE_FP16) return "fp8 inputs";
+  if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f) return "fp8 inputs with softcap";
   // Paged KV: a key block is loaded in boxes of gcd(kBlockN, page_size) rows, which must keep the
   // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128).
   if (f.paged && p.page_size % 16 != 0) return "paged KV with a page size that is not a multiple of 16";
@@ -49,7 +51,8 @@ struct Describe {
   template <int kDtype, class Cfg, class Feat>
   Status run(const FwdProblem&, const char* tag) const {
     auto flag = [](bool b) { return b ? "true" : "false"; };
-    *name = std::string("fwd_") + (kDtype == FA3_DTYPE_BF16 ? "bf16" : "fp16") + "_" + tag + "_m" +
+    *name = std::string("fwd_") + (kDtype == FA3_DTYPE_BF16 ? "bf16" : kDtype == FA3_DTYPE_E4M3 ? "e4m3" : "fp16") +
+            "_" + tag + "_m" +
             flag(Feat::kMasked) + "_s" + flag(Feat::kSoftcap) + "_v" + flag(Feat::kVarlen);
     return Status();
   }
@@ -159,9 +162,30 @@ Status by_split_head_dim(const FwdProblem& f, const Op& op) {
   }
 }
 
+// e4m3 operands: the FP8 tiles (fwd_config.h), by padded head dim, mask and varlen.
+template <class Feat, class Op>
+Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
+  switch (attn::fp8_head_dim(
+      std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)))) {
+    case 64: return op.template run<FA3_DTYPE_E4M3, attn::FwdFp8Config<64, Feat::kMasked>, Feat>(f, "d64");
+    case 128: return op.template run<FA3_DTYPE_E4M3, attn::FwdFp8Config<128, Feat::kMasked>, Feat>(f, "d128");
+    default: return op.template run<FA3_DTYPE_E4M3, attn::FwdFp8Config<256, Feat::kMasked>, Feat>(f, "d256");
+  }
+}
+template <class Op>
+Status by_fp8(const FwdProblem& f, const Op& op) {
+  const bool varlen = f.varlen_q || f.varlen_k;
+  if (f.has_mask())
+    return varlen ? by_fp8_head_dim<FwdFeatures<true, false, true>>(f, op)
+                  : by_fp8_head_dim<FwdFeatures<true, false, false>>(f, op);
+  return varlen ? by_fp8_head_dim<FwdFeatures<false, false, true>>(f, op)
+                : by_fp8_head_dim<FwdFeatures<false, false, false>>(f, op);
+}
+
 template <class Op>
 Status dispatch(const FwdProblem& f, const Op& op) {
   if (const char* why = hopper_fwd_unsupported_reason(f)) return not_supported(std::string("hopper kernel: ") + why);
+  if (f.p->dtype == FA3_DTYPE_E4M3) return by_fp8(f, op);
   const bool bf16 = f.p->dtype == FA3_DTYPE_BF16;
   attn::SplitPlan plan;
   FA3_TRY(plan_for_workspace(f, &plan));
@@ -182,7 +206,7 @@ Status hopper_fwd_instance(const FwdProblem& f, std::string* name) { return disp
 
 Status hopper_fwd_workspace_bytes(const FwdProblem& f, size_t* bytes) {
   *bytes = 0;
-  if (hopper_fwd_unsupported_reason(f) != nullptr) return Status();
+  if (hopper_fwd_unsupported_reason(f) != nullptr || f.p->dtype == FA3_DTYPE_E4M3) return Status();
   attn::SplitPlan plan;
   FA3_TRY(decode_plan(f, &plan));
   if (plan.num_splits > 1) *bytes = attn::split_workspace(*f.p, plan.num_splits).bytes;

@@ -1,5 +1,6 @@
-// The forward kernel's shell: one producer warpgroup (a TMA warp) and kBlockM/64 consumer
-// warpgroups, persistent over tiles; registers move from the producer to the consumers.
+// The forward kernel's shell: one producer warpgroup (a TMA warp; with e4m3 operands three more
+// warps that transpose V) and kBlockM/64 consumer warpgroups, persistent over tiles; registers move
+// from the producer to the consumers.
 #pragma once
 #include "src/attention/consumer.cuh"
 #include "src/attention/fwd_config.h"
@@ -7,6 +8,7 @@
 #include "src/attention/fwd_params.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/mainloop_load.cuh"
+#include "src/attention/v_transpose.cuh"
 
 namespace fa3::attn {
 
@@ -21,8 +23,11 @@ struct FwdLaunchShape {
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   // One consumer (the decode tile): 256 threads get every register at launch, no moving them.
   static constexpr bool kMoveRegs = kConsumers > 1;
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // The V transposer's warps (e4m3) need more than 24 or 32: 56 / 224 balances with 2 consumers
+  // (the e4m3 consumers hold S, P and O in at most 168), 48 / 152 with 3.
+  static constexpr bool kTransposeV = FwdSmem<Cfg>::kTransposeV;
+  static constexpr int kProducerRegs = kTransposeV ? (kConsumers == 2 ? 56 : 48) : kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kTransposeV ? (kConsumers == 2 ? 224 : 152) : kConsumers == 2 ? 240 : 160;
   static_assert(!kMoveRegs || kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
                 "setmaxnreg.inc would wait forever for registers");
 };
@@ -36,7 +41,12 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   if (threadIdx.x == 0) {
     bars.q.init(Shape::kConsumers * hopper::kWarpgroupSize);  // every consumer thread releases Q (consumer.cuh)
     bars.k.init(Shape::kConsumers);
-    bars.v.init(Shape::kConsumers);
+    if constexpr (Shape::kTransposeV) {
+      bars.v.init(VTranspose<Cfg>::kThreads);  // V's readers are the transposer's threads,
+      bars.vt.init(Shape::kConsumers, VTranspose<Cfg>::kThreads);  // V^T's writers too
+    } else {
+      bars.v.init(Shape::kConsumers);
+    }
     hopper::mbarrier_init_fence();
   }
   __syncthreads();
@@ -45,6 +55,7 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   if (wg == 0) {
     if constexpr (Shape::kMoveRegs) hopper::setmaxnreg_dec<Shape::kProducerRegs>();
     if (threadIdx.x / hopper::kWarpSize == 0) MainloopLoad<Cfg, Feat>{p, smem}.run();
+    else if constexpr (Shape::kTransposeV) VTranspose<Cfg>{smem, int(threadIdx.x) - hopper::kWarpSize}.run();
     return;
   }
 

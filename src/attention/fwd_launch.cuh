@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +17,14 @@
 namespace fa3::attn {
 
 template <int kDtype>
-using ElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16, __half>;
+using ElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16,
+                                  std::conditional_t<kDtype == FA3_DTYPE_E4M3, __nv_fp8_e4m3, __half>>;
+// The TMA element type of the operands and of O (bf16 for e4m3 operands).
+constexpr CUtensorMapDataType tma_dtype(int dtype) {
+  return dtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+         : dtype == FA3_DTYPE_E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
 
 // Declared in fwd_launch.h; instantiated per generated file for the product's tiles (FwdConfig) and
 // by the tuning benchmark for other TileConfigs.
@@ -24,7 +32,8 @@ template <int kDtype, class Cfg, class Feat>
 Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   using Elem = ElemOf<kDtype>;
   const fa3_fwd_params& a = *f.p;
-  const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const auto dtype = tma_dtype(kDtype);
+  const auto out_dtype = tma_dtype(kDtype == FA3_DTYPE_E4M3 ? FA3_DTYPE_BF16 : kDtype);
   FwdKernelParams p{};
   const int dqk = a.head_dim_qk, dv = a.head_dim_v;
   const MapExtents e = map_extents(a, Feat::kVarlen);
@@ -46,7 +55,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN));
   }
   if constexpr (!Feat::kSplit)  // (the decode kernel writes the workspace; the combine kernel O)
-    FA3_TRY(make_bshd_map(&p.tma_o, "out", dtype, a.out, dv, e.q_rows, a.heads_q, e.q_batch, 64));
+    FA3_TRY(make_bshd_map(&p.tma_o, "out", out_dtype, a.out, dv, e.q_rows, a.heads_q, e.q_batch, 64));
   p.o = a.out.data;
   p.o_batch_stride = a.out.batch_stride;
   p.o_row_stride = a.out.row_stride;
@@ -78,6 +87,13 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.seqused_q = a.seqused_q;
   p.seqused_k = a.seqused_k;
   p.total_q = a.total_q;
+  if constexpr (kDtype == FA3_DTYPE_E4M3) {
+    p.q_descale = a.q_descale;
+    p.k_descale = a.k_descale;
+    p.v_descale = a.v_descale;
+    p.descale_batch_stride = a.descale_batch_stride;
+    p.descale_head_stride = a.descale_head_stride;
+  }
 
   auto kernel = fwd_kernel<Elem, Cfg, Feat>;
   constexpr int kSmem = FwdSmem<Cfg>::kBytes;

@@ -52,6 +52,14 @@ struct FwdKernelParams {
   int partial_rows;
   float* o_partial;       // [num_splits][heads_q][partial_rows][head_dim_v]
   float* lse_partial;     // [num_splits][heads_q][partial_rows], natural log; -inf: no visible key
+
+  // FP8 (e4m3 operands): the API's descales, float32 [batch][heads_kv] with these strides, or null
+  // (1). Q's and K's join the softmax scale of each (batch, kv head), V's the final 1/sum
+  // (descale.cuh).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t descale_batch_stride, descale_head_stride;
 };
 
 }  // namespace fa3::attn

@@ -1,6 +1,6 @@
 // Shared-memory layout of the forward kernel and the named barriers its warpgroups use.
-// Tiles are TMA images with the 128-byte swizzle (hopper::SmemTile: panels of 64 16-bit columns,
-// [rows][128 B] each), every tile 1024-byte aligned (the swizzle atom) so descriptors keep
+// Tiles are TMA images with the 128-byte swizzle (hopper::SmemTile: panels of 64 16-bit or 128 e4m3
+// columns, [rows][128 B] each), every tile 1024-byte aligned (the swizzle atom) so descriptors keep
 // base_offset 0.
 #pragma once
 #include <cstdint>
@@ -10,34 +10,56 @@
 
 namespace fa3::attn {
 
+// The FP8 kernel's V^T ring (v_transpose.cuh): its stages' barriers, and per V stage whether the
+// producer loaded a block into it or ended the stream (the transposer's only way to know when to
+// stop). The 16-bit kernels have none (an empty base: their layout stays as it is).
+template <int kStages, bool kTransposeV>
+struct VtBarriers {};
+template <int kStages>
+struct VtBarriers<kStages, true> {
+  hopper::PipelineBarriers<kStages> vt;
+  int v_loaded[kStages];
+};
+
 template <class Cfg>
 struct FwdSmem {
   // Q and K have head_dim_qk columns, V and O head_dim_v (TileConfig::kHeadDimV). O is staged for
-  // its store in a tile of the query rows, or (kOInKV) in 64-row tiles: one per warpgroup.
-  using QTile = hopper::SmemTile16<Cfg::kBlockM, Cfg::kHeadDim>;
-  using KTile = hopper::SmemTile16<Cfg::kBlockN, Cfg::kHeadDim>;
-  using VTile = hopper::SmemTile16<Cfg::kBlockN, Cfg::kHeadDimV>;
+  // its store in a tile of the query rows, or (kOInKV) in 64-row tiles: one per warpgroup. O is
+  // 16-bit also for e4m3 operands (bf16).
+  static constexpr int kElem = Cfg::kOperandBytes;
+  using QTile = hopper::SmemTile<kElem, Cfg::kBlockM, Cfg::kHeadDim>;
+  using KTile = hopper::SmemTile<kElem, Cfg::kBlockN, Cfg::kHeadDim>;
+  using VTile = hopper::SmemTile<kElem, Cfg::kBlockN, Cfg::kHeadDimV>;
   using OTile = hopper::SmemTile16<Cfg::kBlockM, Cfg::kHeadDimV>;
   using OWarpgroupTile = hopper::SmemTile16<64, Cfg::kHeadDimV>;
+  // e4m3: the PV's B operand must be K-major, i.e. V^T [d_v][keys] (keys permuted inside 16-key
+  // groups as P is: hopper::MmaE4m3::pack_step), written from each loaded V stage.
+  static constexpr bool kTransposeV = kElem == 1;
+  using VtTile = hopper::SmemTile<1, Cfg::kHeadDimV, Cfg::kBlockN>;
   static constexpr int kQBytes = QTile::kBytes, kKBytes = KTile::kBytes, kVBytes = VTile::kBytes;
+  static constexpr int kVtBytes = kTransposeV ? VtTile::kBytes : 0;
   static constexpr int kOBytes = OTile::kBytes;
   // Q is double-buffered when it fits, so the next tile's Q loads while this tile still runs
   // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
   // (+1024 alignment slack, +256 an upper bound of the barriers, whose size depends on kQStages)
   static constexpr int kBytesWithoutQ =
-      Cfg::kStages * (kKBytes + kVBytes) + (Cfg::kOInKV ? 0 : kOBytes) + 1024 + 256;
+      Cfg::kStages * (kKBytes + kVBytes + kVtBytes) + (Cfg::kOInKV ? 0 : kOBytes) + 1024 + 256;
   static constexpr int kQStages = kBytesWithoutQ + 2 * kQBytes <= 227 * 1024 ? 2 : 1;
   // kOInKV: one warpgroup's 64 rows of O (panels of 64 rows) fit in a K or a V stage.
   static_assert(!Cfg::kOInKV || (Cfg::kBlockN >= 64 && Cfg::kBlockM == 128 && Cfg::kHeadDimV == Cfg::kHeadDim),
                 "O in K/V stages: 2 consumers, >= 64 keys, one head dim");
+  static_assert(!Cfg::kOInKV || (KTile::kBytes >= OWarpgroupTile::kBytes &&
+                                 (kTransposeV ? VtTile::kBytes : VTile::kBytes) >= OWarpgroupTile::kBytes),
+                "O in K/V stages: a stage holds a warpgroup's 64 rows of O");
 
   // Byte offsets from the 1024-aligned base. O is staged for its TMA store in a tile of its own, or
   // (kOInKV, when smem is short) in the K and V stages of the tile's last key block (consumer.cuh);
   // where 64 rows of O still fit (kOHalf), consumer 0 stages in a half tile of its own instead of
-  // the K stage, which the producer needs sooner than the V stage.
+  // the K stage, which the producer needs sooner than the V stage (the V^T stage with e4m3).
   static constexpr int kOffK = kQStages * kQBytes;
   static constexpr int kOffV = kOffK + Cfg::kStages * kKBytes;
-  static constexpr int kOffO = kOffV + Cfg::kStages * kVBytes;
+  static constexpr int kOffVt = kOffV + Cfg::kStages * kVBytes;
+  static constexpr int kOffO = kOffVt + Cfg::kStages * kVtBytes;
   static constexpr int kOHalfBytes = OWarpgroupTile::kBytes;
   static constexpr bool kOHalf = Cfg::kOInKV && kOffO + kOHalfBytes + 256 + 1024 <= 227 * 1024;
   static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? (kOHalf ? kOHalfBytes : 0) : kOBytes);
@@ -55,7 +77,7 @@ struct FwdSmem {
     int m_block, head, batch, n_min, n_max;
     int seqlen_q, seqlen_k, q_row0, k_row0;
   };
-  struct Barriers {
+  struct Barriers : VtBarriers<Cfg::kStages, kTransposeV> {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;
     TileNote note[kQStages];
@@ -70,6 +92,7 @@ struct FwdSmem {
   __device__ __forceinline__ uint8_t* q(int stage) const { return base + stage * kQBytes; }
   __device__ __forceinline__ uint8_t* k(int stage) const { return base + kOffK + stage * kKBytes; }
   __device__ __forceinline__ uint8_t* v(int stage) const { return base + kOffV + stage * kVBytes; }
+  __device__ __forceinline__ uint8_t* vt(int stage) const { return base + kOffVt + stage * kVtBytes; }
   __device__ __forceinline__ uint8_t* o() const { return base + kOffO; }
   __device__ __forceinline__ Barriers& bars() const { return *reinterpret_cast<Barriers*>(base + kOffBarriers); }
 };

@@ -43,16 +43,18 @@ struct MainloopLoad {
   // Key block n of a tile: rows from the sequence's first key row, or (paged KV) from the pages the
   // page table names, a box of page_box_rows rows at a time. Boxes past the sequence's last key
   // repeat its last box (rows the mask hides; page-table entries past the sequence are not read).
-  template <class Tile>
+  // `note(stage)` as load_stage's.
+  template <class Tile, class Note = NoNote>
   __device__ __forceinline__ void load_keys(const CUtensorMap* map, hopper::PipelineBarriers<Cfg::kStages>& ring,
                                             hopper::PipelineState<Cfg::kStages>& st,
                                             uint8_t* (Smem::*buffer)(int) const, int n, int kv_head,
-                                            const Seq& seq) const {
+                                            const Seq& seq, Note&& note = {}) const {
     if (p.page_table == nullptr) {
-      load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p));
+      load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p), note);
       return;
     }
     ring.producer_acquire(st);
+    note(st.index);
     uint64_t* full = &ring.full[st.index];
     hopper::mbarrier_arrive_expect_tx(full, Tile::kBytes);
     uint8_t* dst = (smem.*buffer)(st.index);
@@ -76,7 +78,11 @@ struct MainloopLoad {
   __device__ __forceinline__ void load_v(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                          hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
                                          const Seq& seq) const {
-    load_keys<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, n, kv_head, seq);
+    if constexpr (Smem::kTransposeV)  // a block for the V transposer (v_transpose.cuh)
+      load_keys<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, n, kv_head, seq,
+                                      [&](int stage) { smem.bars().v_loaded[stage] = 1; });
+    else
+      load_keys<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, n, kv_head, seq);
   }
 
   struct Tile {
@@ -201,6 +207,11 @@ struct MainloopLoad {
     bars.q.producer_acquire(q_st);
     bars.note[q_st.index] = {-1, 0, 0, 0, 0, 0, 0, 0, 0};
     hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
+    if constexpr (Smem::kTransposeV) {  // and a V stage without a block: the transposer's end
+      bars.v.producer_acquire(v_st);
+      bars.v_loaded[v_st.index] = 0;
+      hopper::mbarrier_arrive(&bars.v.full[v_st.index]);
+    }
   }
 };
 

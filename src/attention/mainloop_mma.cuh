@@ -1,7 +1,8 @@
 // One consumer warpgroup's work on a tile: 64 query rows against key blocks n_max-1 .. n_min.
 //   S = Q K^T   (SS wgmma, K-major K tile)
-//   online softmax on S in registers -> P (16-bit A fragments)
-//   O += P V    (RS wgmma, V tile read N-major through the descriptor's transpose bit)
+//   online softmax on S in registers -> P (A fragments of the operand type)
+//   O += P V    (RS wgmma; 16-bit: the V tile read N-major through the descriptor's transpose bit;
+//                e4m3: the V^T tile, K-major, that the producer warpgroup writes: v_transpose.cuh)
 // Two FlashAttention-3 schedules, each switchable for the ablation:
 //   pingpong (kPingpong): warpgroups take turns issuing their GEMMs (named barriers), so one's
 //     softmax runs while the tensor cores work on the other's GEMMs;
@@ -37,7 +38,9 @@ struct MainloopMma {
   static constexpr int kSched = Cfg::kSchedule;
   static constexpr bool kMasked = Feat::kMasked;
   using Smem = FwdSmem<Cfg>;
-  using Mma = hopper::Mma16<Elem>;
+  using Mma = typename hopper::OperandTraits<Elem>::Mma;
+  static constexpr bool kTransposeV = Smem::kTransposeV;
+  static_assert(hopper::OperandTraits<Elem>::kBytes == Cfg::kOperandBytes, "the tile's operand size is Elem's");
   using Seq = SeqlenInfo<Feat::kVarlen>;
   using Scores = ScoreMod<Feat::kSoftcap>;
   // The decode kernel's rows are pack-GQA rows (tile_rows.cuh): one warpgroup per tile there.
@@ -57,7 +60,7 @@ struct MainloopMma {
   // Middle blocks without kExpUnderPv under the lazy rescale: exponentials against the running max
   // first, the row max only where they could exceed 2^8 (OnlineSoftmax::exponentiate_stale).
   static constexpr bool kStaleMax = kLazyRescale && !kExpUnderPv;
-  static_assert(kN % 16 == 0 && kDqk % 16 == 0 && kDv % 16 == 0, "wgmma k-steps are 16 wide");
+  static_assert(kN % Mma::kK == 0 && kDqk % 16 == 0 && kDv % 16 == 0, "whole wgmma k-steps");
 
   const FwdKernelParams& p;
   Smem smem;
@@ -93,7 +96,7 @@ struct MainloopMma {
   // PV commits an empty group, so the wait counts stay). kNarrowFirst.
   enum Width : int { kNone, kHalf, kFull };
   static constexpr bool kNarrowFirst = (kSched & Schedule::kNarrowFirst) != 0;
-  static constexpr int kHalfN = (kN / 2 + 15) / 16 * 16;  // whole 16-key k-steps for the PV
+  static constexpr int kHalfN = (kN / 2 + Mma::kK - 1) / Mma::kK * Mma::kK;  // whole k-steps for the PV
   static constexpr bool kCanHalve = kHalfN < kN;
   int pv_width = kFull;  // of the block whose PV goes out next
 
@@ -136,29 +139,48 @@ struct MainloopMma {
     hopper::fence_operand(s);
   }
 
-  // kKeys: the block's first kKeys keys (P's first kKeys/16 k-steps).
+  // The PV's B operand, one k-step (Mma::kK keys) at a time: 16-bit V [keys][d] with d contiguous,
+  // read N-major through the transpose bit (the descriptor steps V's panels of d); e4m3 V^T
+  // [d][keys] with keys contiguous, K-major (FP8 wgmma has no transpose bit).
+  struct PvB {
+    using Tile = std::conditional_t<kTransposeV, typename Smem::VtTile, typename Smem::VTile>;
+    static constexpr int kTransB = kTransposeV ? 0 : 1;
+    static constexpr uint32_t lbo = kTransposeV ? Tile::kKMajorLbo : Tile::kNMajorLbo;
+    static constexpr uint32_t sbo = kTransposeV ? Tile::kKMajorSbo : Tile::kNMajorSbo;
+    __device__ __forceinline__ static uint32_t chunk(int kb) {
+      if constexpr (kTransposeV) return Tile::template k_chunk_offset<Mma::kK>(kb);
+      else return Tile::template row_chunk_offset<Mma::kK>(kb);
+    }
+  };
+  // kKeys: the block's first kKeys keys (P's first kKeys / Mma::kK k-steps).
   template <int kKeys = kN>
-  __device__ __forceinline__ void issue_pv_keys(float (&o)[kDv / 2], const uint32_t (&pa)[kN / 16][4], int stage) const {
+  __device__ __forceinline__ void issue_pv_keys(float (&o)[kDv / 2], const uint32_t (&pa)[kN / Mma::kK][4], int stage) const {
     hopper::fence_operand(o);
     hopper::wgmma_fence();
-    // V is [keys][d] with d contiguous: N-major B (the descriptor steps V's panels of d), each
-    // k-step 16 keys.
-    using VTile = typename Smem::VTile;
-    const uint64_t dv = hopper::make_smem_desc(hopper::smem_u32(smem.v(stage)), VTile::kNMajorLbo, VTile::kNMajorSbo);
+    const uint64_t dv = hopper::make_smem_desc(hopper::smem_u32(pv_stage(stage)), PvB::lbo, PvB::sbo);
 #pragma unroll
     for (int kb = 0; kb < kKeys / Mma::kK; ++kb)
-      Mma::template Op<kDv>::template rs<1>(o, pa[kb], hopper::desc_advance(dv, VTile::template row_chunk_offset<Mma::kK>(kb)),
-                                            1);
+      Mma::template Op<kDv>::template rs<PvB::kTransB>(o, pa[kb], hopper::desc_advance(dv, PvB::chunk(kb)), 1);
     hopper::wgmma_commit();
     hopper::fence_operand(o);
   }
   // The PV of the block whose softmax ran last, at that block's width.
-  __device__ __forceinline__ void issue_pv(float (&o)[kDv / 2], const uint32_t (&pa)[kN / 16][4], int stage) {
+  __device__ __forceinline__ void issue_pv(float (&o)[kDv / 2], const uint32_t (&pa)[kN / Mma::kK][4], int stage) {
     const int width = pv_width;
     pv_width = kFull;
     if (width == kFull) issue_pv_keys(o, pa, stage);
     else if (kCanHalve && width == kHalf) issue_pv_keys<kHalfN>(o, pa, stage);
     else issue_pv_keys<0>(o, pa, stage);
+  }
+
+  // The ring whose stages the PV reads: V, or (e4m3) V^T.
+  __device__ __forceinline__ hopper::PipelineBarriers<Cfg::kStages>& pv_ring() const {
+    if constexpr (kTransposeV) return smem.bars().vt;
+    else return smem.bars().v;
+  }
+  __device__ __forceinline__ uint8_t* pv_stage(int stage) const {
+    if constexpr (kTransposeV) return smem.vt(stage);
+    else return smem.v(stage);
   }
 
   __device__ __forceinline__ void release(hopper::PipelineBarriers<Cfg::kStages>& ring,
@@ -182,14 +204,14 @@ struct MainloopMma {
   // stage, consumer 0 its half tile or the held K stage); the stages go back at the next tile.
   __device__ __forceinline__ uint8_t* o_staging_in_kept_stage() {
     kept = true;
-    if (consumer == 1) return smem.v(v_last.index);
+    if (consumer == 1) return pv_stage(v_last.index);
     return kKeepK ? smem.k(k_last.index) : smem.o();
   }
   __device__ __forceinline__ void release_kept() {
     if (thread == 0) {
       hopper::tma_store_wait_read();
       if (kKeepK) smem.bars().k.consumer_release(k_last);
-      smem.bars().v.consumer_release(v_last);
+      pv_ring().consumer_release(v_last);
     }
     kept = false;
   }
@@ -229,7 +251,7 @@ struct MainloopMma {
   // Mask, softmax and packing of a tile's first block (n) at its width, which its PV keeps. A
   // fresh row max: nothing to correct. The QK^T ran at full width: ptxas serialises every wgmma of
   // the kernel when GEMMs of two widths join inside a wgmma pipeline stage.
-  __device__ __forceinline__ void first_softmax(int width, float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4],
+  __device__ __forceinline__ void first_softmax(int width, float (&s)[kN / 2], uint32_t (&pa)[kN / Mma::kK][4],
                                                 Softmax& softmax, int n, int m_block, const Seq& seq) {
     float corr[2];
     pv_width = width;
@@ -254,7 +276,7 @@ struct MainloopMma {
   }
 
   using SFrag = float[kN / 2];          // S (then P in fp32) of one block
-  using PFrag = uint32_t[kN / 16][4];   // P packed to 16 bits: the PV GEMM's A fragments
+  using PFrag = uint32_t[kN / Mma::kK][4];   // P packed: the PV GEMM's A fragments
   using OFrag = float[kDv / 2];
 
   // ---- the step's verbs: every schedule below is made of these ----
@@ -272,7 +294,7 @@ struct MainloopMma {
         if (kTurn && first) turn_wait();
         issue_qk(s, q_stage, k_st.index);
       } else {
-        bars.v.consumer_wait(v_st);
+        pv_ring().consumer_wait(v_st);
         if (kTurn && first) turn_wait();
         issue_pv(o, pa, v_st.index);
       }
@@ -293,7 +315,7 @@ struct MainloopMma {
   __device__ __forceinline__ void pv_done(OFrag& o, bool keep_v = false) {
     hopper::wgmma_wait<kPending>();
     hopper::fence_operand(o);
-    release_or_keep(smem.bars().v, v_st, keep_v, v_last);
+    release_or_keep(pv_ring(), v_st, keep_v, v_last);
   }
 
   // The tile's first block (n_max-1, the one that may hold the diagonal / the key tail) on its
@@ -400,8 +422,8 @@ struct MainloopMma {
     turn_wait();
     turn_pass();
     release(bars.k, k_st);
-    bars.v.consumer_wait(v_st);
-    release(bars.v, v_st);
+    pv_ring().consumer_wait(v_st);
+    release(pv_ring(), v_st);
   }
 
   // One whole tile without cross-tile overlap: the unnormalised O of this warpgroup's rows and the
@@ -411,7 +433,7 @@ struct MainloopMma {
   __device__ void run(int m_block, const Seq& seq, BlockRange r, int q_stage, OFrag& o, Softmax& softmax,
                       QDone&& q_done) {
     float s[kN / 2];
-    uint32_t pa[kN / 16][4];
+    uint32_t pa[kN / Mma::kK][4];
     begin_tile(m_block, seq, r, q_stage, o, s, pa, softmax);
     if constexpr (kUseOverlap) {
       middle_blocks(m_block, seq, r, q_stage, o, s, pa, softmax);

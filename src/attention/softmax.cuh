@@ -66,8 +66,8 @@ struct OnlineSoftmax {
     return hopper::exp2_approx(fmaf(score, scale_log2, -max));
   }
 
-  // S := exp2(S * scale_log2 - row_max) in place (P in fp32), and adds the row sums.  P is packed to
-  // 16 bits by pack() separately: the mainloop computes the exponentials while the previous PV
+  // S := exp2(S * scale_log2 - row_max) in place (P in fp32), and adds the row sums.  P is packed into
+  // the PV operand by pack() separately: the mainloop computes the exponentials while the previous PV
   // GEMM still reads the packed P registers.
   template <int kCols = kBlockN>
   __device__ __forceinline__ void exponentiate(float (&s)[kCols / 2]) {
@@ -84,7 +84,7 @@ struct OnlineSoftmax {
     }
   }
   // A middle block's softmax without its row max (kLazy only): the exponentials against the running
-  // max go straight into P (16-bit, for the PV GEMM), S stays as it was. Valid when no exponential
+  // max go straight into P (the PV operand), S stays as it was. Valid when no exponential
   // exceeds 2^kLazyThreshold, as update_max() would have left the max then: this thread's sums of
   // the block's exponentials of each row bound every one of them (all >= 0), so when both are at
   // most 2^8 in every thread of the warp (warp-uniform answer), they join the row sums and the block
@@ -92,19 +92,40 @@ struct OnlineSoftmax {
   // far: rare once a tile's first block set the max) nothing changed: the caller runs the full step
   // on S. Saves the row max's FMNMX, one ALU instruction (two issue cycles per warp on sm_90) per
   // score, and its shuffles: d64/d96 +5-15%.
-  template <class Pack>
-  __device__ __forceinline__ bool exponentiate_stale(const float (&s)[kBlockN / 2], uint32_t (&p)[kBlockN / 16][4]) {
+  template <class Mma>
+  __device__ __forceinline__ bool exponentiate_stale(const float (&s)[kBlockN / 2],
+                                                     uint32_t (&p)[kBlockN / Mma::kK][4]) {
     static_assert(kLazy, "a stale max is only right under the lazy rescale's bound");
     const float sub0 = row_max[0], sub1 = row_max[1];  // -inf (no visible key yet): refused below
     float sum0 = 0.f, sum1 = 0.f;
+    constexpr int kStep = Mma::kK / 2;  // accumulator elements per k-step of the PV
+    if constexpr (Mma::kK == 16) {
+      // 16-bit P: each pair packed as it comes (ptxas schedules the 16-bit stream tiles this way;
+      // the k-step form below changed their SASS).
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      const float e0 = exp_scaled(s[4 * j + 0], sub0), e1 = exp_scaled(s[4 * j + 1], sub0);
-      const float e2 = exp_scaled(s[4 * j + 2], sub1), e3 = exp_scaled(s[4 * j + 3], sub1);
-      sum0 += e0 + e1;
-      sum1 += e2 + e3;
-      p[j >> 1][2 * (j & 1) + 0] = Pack::pack(e0, e1);
-      p[j >> 1][2 * (j & 1) + 1] = Pack::pack(e2, e3);
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const float e0 = exp_scaled(s[4 * j + 0], sub0), e1 = exp_scaled(s[4 * j + 1], sub0);
+        const float e2 = exp_scaled(s[4 * j + 2], sub1), e3 = exp_scaled(s[4 * j + 3], sub1);
+        sum0 += e0 + e1;
+        sum1 += e2 + e3;
+        p[j >> 1][2 * (j & 1) + 0] = Mma::pack(e0, e1);
+        p[j >> 1][2 * (j & 1) + 1] = Mma::pack(e2, e3);
+      }
+    } else {
+#pragma unroll
+      for (int kb = 0; kb < kBlockN / Mma::kK; ++kb) {
+        float e[kStep];
+#pragma unroll
+        for (int j = 0; j < kStep; j += 4) {
+          e[j + 0] = exp_scaled(s[kb * kStep + j + 0], sub0);
+          e[j + 1] = exp_scaled(s[kb * kStep + j + 1], sub0);
+          e[j + 2] = exp_scaled(s[kb * kStep + j + 2], sub1);
+          e[j + 3] = exp_scaled(s[kb * kStep + j + 3], sub1);
+          sum0 += e[j + 0] + e[j + 1];
+          sum1 += e[j + 2] + e[j + 3];
+        }
+        Mma::pack_step(e, p[kb]);
+      }
     }
     const bool ok = sum0 <= kLazyBound && sum1 <= kLazyBound && sub0 != -INFINITY && sub1 != -INFINITY;
     if (!__all_sync(0xffffffff, ok)) return false;
@@ -113,15 +134,13 @@ struct OnlineSoftmax {
     return true;
   }
 
-  // P in the 16-bit A-fragment layout of the PV wgmma, two per register (k-step kb takes
-  // accumulator elements 8kb .. 8kb+7).
-  template <class Pack, int kCols = kBlockN>
-  __device__ __forceinline__ static void pack(const float (&s)[kCols / 2], uint32_t (&p)[kBlockN / 16][4]) {
+  // P as the A fragments of the PV wgmma, one k-step (Mma::kK keys, kK/2 accumulator elements) at
+  // a time in the operand type's layout (hopper::Mma16::pack_step, MmaE4m3::pack_step).
+  template <class Mma, int kCols = kBlockN>
+  __device__ __forceinline__ static void pack(const float (&s)[kCols / 2], uint32_t (&p)[kBlockN / Mma::kK][4]) {
+    static_assert(kCols % Mma::kK == 0, "whole k-steps");
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      p[j >> 1][2 * (j & 1) + 0] = Pack::pack(s[4 * j + 0], s[4 * j + 1]);
-      p[j >> 1][2 * (j & 1) + 1] = Pack::pack(s[4 * j + 2], s[4 * j + 3]);
-    }
+    for (int kb = 0; kb < kCols / Mma::kK; ++kb) Mma::pack_step(&s[kb * (Mma::kK / 2)], p[kb]);
   }
 
   // After the last block: the factor that normalises each O row (0 for rows with no visible key)

@@ -79,6 +79,16 @@ __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   return v;
 }
 
+// One 32-bit word from / to shared memory by a 32-bit shared address (as ld_shared_f32x2).
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
 // Ordinary shared-memory stores (st.shared, stmatrix) become visible to the async proxy (TMA, wgmma)
 // only after this fence in each writing thread, followed by a barrier.
 __device__ __forceinline__ void fence_view_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }

@@ -62,11 +62,12 @@ struct PipelineBarriers {
   uint64_t full[kStages];
   uint64_t empty[kStages];
 
-  // One thread: full expects 1 arrival (the producer's expect_tx), empty `consumers` arrivals (one
-  // per releasing thread: a warpgroup's thread 0, or every thread that read the stage by itself).
-  __device__ void init(uint32_t consumers) {
+  // One thread: full expects `producers` arrivals (the producer's expect_tx; or every thread that
+  // wrote the stage by itself), empty `consumers` arrivals (one per releasing thread: a warpgroup's
+  // thread 0, or every thread that read the stage by itself).
+  __device__ void init(uint32_t consumers, uint32_t producers = 1) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 1);
+      mbarrier_init(&full[s], producers);
       mbarrier_init(&empty[s], consumers);
     }
   }

@@ -16,7 +16,7 @@ constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;  // the XOR pattern repeats
 
 // Byte offset of element (row, col) in a tile of `rows` rows.
 template <int kElemBytes>
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows) {
+__host__ __device__ __forceinline__ constexpr uint32_t swizzled_offset(int row, int col, int rows) {
   constexpr int kPanelCols = kSwizzleBytes / kElemBytes;
   const uint32_t panel = col / kPanelCols, byte = (col % kPanelCols) * kElemBytes;
   const uint32_t chunk = (byte >> 4) ^ (row & 7);

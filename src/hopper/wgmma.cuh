@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -45,6 +46,17 @@ __device__ __forceinline__ void fence_operand(float (&r)[N]) {
 template <class T>
 struct Mma16;
 
+// One k-step of P (8 accumulator elements of a 16-key block: rows g, g+8 at columns 2t, 2t+1 and
+// 8+2t, 9+2t) as the 16-bit A fragment of the PV wgmma: the accumulator's and the A fragment's
+// layouts agree, two elements per register.
+template <class M>
+__device__ __forceinline__ void pack16_step(const float* e, uint32_t (&a)[4]) {
+  a[0] = M::pack(e[0], e[1]);
+  a[1] = M::pack(e[2], e[3]);
+  a[2] = M::pack(e[4], e[5]);
+  a[3] = M::pack(e[6], e[7]);
+}
+
 template <>
 struct Mma16<__nv_bfloat16> {
   static constexpr int kK = 16;  // the K of one wgmma
@@ -54,6 +66,7 @@ struct Mma16<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+  __device__ __forceinline__ static void pack_step(const float* e, uint32_t (&a)[4]) { pack16_step<Mma16>(e, a); }
 };
 
 template <>
@@ -65,6 +78,7 @@ struct Mma16<__half> {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+  __device__ __forceinline__ static void pack_step(const float* e, uint32_t (&a)[4]) { pack16_step<Mma16>(e, a); }
 };
 
 // e4m3 operands (float8 e4m3fn): k = 32 per wgmma and both operands K-major (no transpose
@@ -73,8 +87,20 @@ struct Mma16<__half> {
 // low byte (lane 4g + t of warp w, rows counted from 16w).
 struct MmaE4m3 {
   static constexpr int kK = 32;
+  // The wrappers under the 16-bit types' calling form: only K-major operands exist (TransA/TransB 0).
   template <int N>
-  using Op = WgmmaE4m3<N>;
+  struct Op {
+    template <int kTransB, int kTransA = 0, int kRegs>
+    __device__ __forceinline__ static void ss(float (&d)[kRegs], uint64_t a, uint64_t b, int scale_d) {
+      static_assert(kTransB == 0 && kTransA == 0, "e4m3 wgmma takes K-major operands only");
+      WgmmaE4m3<N>::ss(d, a, b, scale_d);
+    }
+    template <int kTransB, int kRegs>
+    __device__ __forceinline__ static void rs(float (&d)[kRegs], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+      static_assert(kTransB == 0, "e4m3 wgmma takes a K-major B only");
+      WgmmaE4m3<N>::rs(d, a, b, scale_d);
+    }
+  };
   // cvt.e4m3x2 puts its first operand in the upper byte (saturating to +-448, NaN to 0x7f).
   __device__ __forceinline__ static uint32_t pack4(float k0, float k1, float k2, float k3) {
     uint16_t lo, hi;
@@ -82,6 +108,38 @@ struct MmaE4m3 {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(k3), "f"(k2));
     return uint32_t(lo) | (uint32_t(hi) << 16);
   }
+  // One k-step of P (16 accumulator elements of a 32-key block) as the e4m3 A fragment, without
+  // moving data between lanes: the thread holds keys 2t, 2t+1, 8+2t, 9+2t (+16) of rows g and g+8,
+  // and register j gets four of them where the A fragment wants keys 4t..4t+3 (+16). So A position
+  // 16G + 4t + q of the step holds key 16G + 2t + (q & 1) + 8 (q >> 1): a permutation of the keys
+  // inside each 16-key group, which the PV's B operand (V^T) carries too (v_transpose.cuh), so the
+  // contraction over keys is unchanged (FlashAttention-3's choice; the primer's shuffle form costs
+  // 16 shuffles per thread and block).
+  __device__ __forceinline__ static void pack_step(const float* e, uint32_t (&a)[4]) {
+    a[0] = pack4(e[0], e[1], e[4], e[5]);
+    a[1] = pack4(e[2], e[3], e[6], e[7]);
+    a[2] = pack4(e[8], e[9], e[12], e[13]);
+    a[3] = pack4(e[10], e[11], e[14], e[15]);
+  }
+  // The key a P position holds (the permutation above), inside a 32-key step.
+  __host__ __device__ static constexpr int key_of_position(int pos) {
+    return (pos & 16) + 2 * ((pos & 15) >> 2) + (pos & 1) + 8 * ((pos >> 1) & 1);
+  }
+};
+
+// What the kernels need to know of an operand type: its wgmma traits, its size, and the type the
+// forward writes O in (FP8 attention writes bf16: an e4m3 O would lose most of its precision).
+template <class T>
+struct OperandTraits {
+  using Mma = Mma16<T>;
+  using Out = T;
+  static constexpr int kBytes = 2;
+};
+template <>
+struct OperandTraits<__nv_fp8_e4m3> {
+  using Mma = MmaE4m3;
+  using Out = __nv_bfloat16;
+  static constexpr int kBytes = 1;
 };
 
 // Accumulator fragment of m64nN (f32): element i of thread (warp w, lane = 4g + t) sits at
