@@ -9,6 +9,8 @@
 
 #include "fa3/fa3.h"
 #include "fa3/fa3_c.h"
+#include "src/api/validate.h"
+#include "src/attention/split_workspace.h"
 
 namespace {
 
@@ -744,5 +746,32 @@ TEST_F(BwdValidation, BackwardWithoutDeviceMemoryFails) {
   EXPECT_FALSE(st.ok());
   EXPECT_TRUE(st.code() == FA3_ERROR_INVALID_ARGUMENT || st.code() == FA3_ERROR_CUDA ||
               st.code() == FA3_ERROR_NOT_SUPPORTED) << st.message();
+}
+// The decode path's combine launch describes the workspace partials and the call's O and LSE as
+// fa3_combine's parameters: they must be what fa3_combine's validation accepts (16-byte partial
+// rows, strides the kernel's float4 loads and 4-column stores take), fixed-length and packed.
+TEST(SplitWorkspace, CombineParamsPassTheCombineValidation) {
+  for (bool packed : {false, true}) {
+    fa3::FwdArgs a = valid_fwd();
+    a.seqlen_q = 4;
+    a.lse = fake<float>(0x900000);
+    static const int32_t kCu[kBatch + 1] = {0, 2, 5};
+    if (packed) {
+      a.cu_seqlens_q = kCu;
+      a.total_q = 5;
+    }
+    for (int splits : {2, 128}) {
+      const fa3::attn::SplitWorkspace w = fa3::attn::split_workspace(a, splits);
+      const float* o = fake<const float>(0xA00000);
+      const fa3_combine_params c = fa3::attn::combine_params(a, w, o, o + w.o_elems);
+      const fa3::Status st = fa3::detail::validate_combine(&c);
+      EXPECT_TRUE(st.ok()) << "packed " << packed << ", " << splits << " splits: " << st.message();
+      EXPECT_EQ(c.num_splits, splits);
+      EXPECT_EQ(c.out_dtype, a.out_dtype);
+      EXPECT_EQ(c.out.data, a.out.data);
+      EXPECT_EQ(c.lse_head_stride, packed ? a.total_q : a.seqlen_q);
+      EXPECT_EQ(w.bytes, size_t(w.o_elems + w.lse_elems) * sizeof(float));
+    }
+  }
 }
 }  // namespace

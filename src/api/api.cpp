@@ -136,37 +136,7 @@ Status combine_impl(const fa3_combine_params* p, cudaStream_t stream, bool check
                                                       {p->cu_seqlens, "cu_seqlens"},   {p->seqused, "seqused"}};
   if (check_pointers)
     for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
-  attn::CombineParams c{};
-  c.o_partial = p->out_partial;
-  c.op_split = p->out_partial_split_stride;
-  c.op_batch = p->out_partial_batch_stride;
-  c.op_row = p->out_partial_row_stride;
-  c.op_head = p->out_partial_head_stride;
-  c.lse_partial = p->lse_partial;
-  c.lp_split = p->lse_partial_split_stride;
-  c.lp_batch = p->lse_partial_batch_stride;
-  c.lp_row = p->lse_partial_row_stride;
-  c.lp_head = p->lse_partial_head_stride;
-  c.out = p->out.data;
-  c.o_batch = p->out.batch_stride;
-  c.o_row = p->out.row_stride;
-  c.o_head = p->out.head_stride;
-  c.lse = p->lse;
-  c.l_batch = p->lse_batch_stride;
-  c.l_row = p->lse_row_stride;
-  c.l_head = p->lse_head_stride;
-  c.num_splits = p->num_splits;
-  c.batch = p->batch;
-  c.seqlen = p->seqlen;
-  c.heads = p->heads;
-  c.head_dim = p->head_dim;
-  c.cu_seqlens = p->cu_seqlens;
-  c.seqused = p->seqused;
-  switch (p->out_dtype) {
-    case FA3_DTYPE_FP16: return attn::launch_combine<__half>(c, stream);
-    case FA3_DTYPE_BF16: return attn::launch_combine<__nv_bfloat16>(c, stream);
-    default: return attn::launch_combine<float>(c, stream);
-  }
+  return attn::launch_combine(*p, stream);
 }
 
 fa3_status remember(const Status& st) {

@@ -102,10 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32) combine_kernel(const __grid_const
   }
 }
 
-}  // namespace
-
 template <class Elem>
-Status launch_combine(const CombineParams& p, cudaStream_t stream) {
+Status launch_combine_as(const CombineParams& p, cudaStream_t stream) {
   if (p.batch == 0) return Status();
   const long long row_blocks = (static_cast<long long>(p.seqlen) * p.heads + kWarps - 1) / kWarps;
   if (row_blocks == 0) return Status();
@@ -116,8 +114,40 @@ Status launch_combine(const CombineParams& p, cudaStream_t stream) {
   return Status();
 }
 
-template Status launch_combine<__half>(const CombineParams&, cudaStream_t);
-template Status launch_combine<__nv_bfloat16>(const CombineParams&, cudaStream_t);
-template Status launch_combine<float>(const CombineParams&, cudaStream_t);
+}  // namespace
+
+Status launch_combine(const fa3_combine_params& a, cudaStream_t stream) {
+  CombineParams c{};
+  c.o_partial = a.out_partial;
+  c.op_split = a.out_partial_split_stride;
+  c.op_batch = a.out_partial_batch_stride;
+  c.op_row = a.out_partial_row_stride;
+  c.op_head = a.out_partial_head_stride;
+  c.lse_partial = a.lse_partial;
+  c.lp_split = a.lse_partial_split_stride;
+  c.lp_batch = a.lse_partial_batch_stride;
+  c.lp_row = a.lse_partial_row_stride;
+  c.lp_head = a.lse_partial_head_stride;
+  c.out = a.out.data;
+  c.o_batch = a.out.batch_stride;
+  c.o_row = a.out.row_stride;
+  c.o_head = a.out.head_stride;
+  c.lse = a.lse;
+  c.l_batch = a.lse_batch_stride;
+  c.l_row = a.lse_row_stride;
+  c.l_head = a.lse_head_stride;
+  c.num_splits = a.num_splits;
+  c.batch = a.batch;
+  c.seqlen = a.seqlen;
+  c.heads = a.heads;
+  c.head_dim = a.head_dim;
+  c.cu_seqlens = a.cu_seqlens;
+  c.seqused = a.seqused;
+  switch (a.out_dtype) {
+    case FA3_DTYPE_FP16: return launch_combine_as<__half>(c, stream);
+    case FA3_DTYPE_BF16: return launch_combine_as<__nv_bfloat16>(c, stream);
+    default: return launch_combine_as<float>(c, stream);
+  }
+}
 
 }  // namespace fa3::attn

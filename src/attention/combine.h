@@ -7,10 +7,13 @@
 
 #include <cstdint>
 
+#include "fa3/fa3_c.h"
 #include "src/api/status.h"
 
 namespace fa3::attn {
 
+// The kernel's parameters (fa3_combine_params, the public description of the same tensors, as the
+// kernel reads it).
 struct CombineParams {
   // Partials, fp32, element strides. The split's slot of row (b, s, h): o_partial + split * op_split
   // + row offset + h * op_head, with row offset b * op_batch + s * op_row, or (cu_seqlens) the
@@ -34,8 +37,8 @@ struct CombineParams {
 constexpr int kMaxCombineSplits = 128;
 constexpr int kMaxCombineHeadDim = 256;
 
-// Elem: __half, __nv_bfloat16 or float (combine.cu instantiates them). No allocation, no sync.
-template <class Elem>
-Status launch_combine(const CombineParams& p, cudaStream_t stream);
+// One combine kernel for validated parameters (out_dtype fp16, bf16 or fp32): the public
+// fa3_combine and the decode path's second launch. No allocation, no sync.
+Status launch_combine(const fa3_combine_params& p, cudaStream_t stream);
 
 }  // namespace fa3::attn

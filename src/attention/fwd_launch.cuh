@@ -107,7 +107,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   kernel<<<grid, FwdLaunchShape<Cfg>::kThreads, kSmem, stream>>>(p);
   FA3_CUDA_TRY(cudaGetLastError());
   if constexpr (Feat::kSplit)
-    if (f.num_splits > 1) return launch_combine<Elem>(combine_params(a, ws, p.o_partial, p.lse_partial), stream);
+    if (f.num_splits > 1) return launch_combine(combine_params(a, ws, p.o_partial, p.lse_partial), stream);
   return Status();
 }
 

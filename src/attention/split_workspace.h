@@ -26,29 +26,29 @@ inline SplitWorkspace split_workspace(const fa3_fwd_params& a, int num_splits) {
   return w;
 }
 
-// The combine kernel's view of those partials and of the call's O and LSE.
-inline CombineParams combine_params(const fa3_fwd_params& a, const SplitWorkspace& w, const float* o_partial,
-                                    const float* lse_partial) {
-  CombineParams c{};
+// Those partials and the call's O and LSE as fa3_combine's parameters (the combine kernel's one
+// description of its tensors).
+inline fa3_combine_params combine_params(const fa3_fwd_params& a, const SplitWorkspace& w, const float* o_partial,
+                                         const float* lse_partial) {
+  fa3_combine_params c{};
+  c.struct_size = sizeof(c);
+  c.out_dtype = a.out_dtype;
   const int64_t dv = a.head_dim_v, rows = w.rows;
-  c.o_partial = o_partial;
-  c.op_split = a.heads_q * rows * dv;
-  c.op_batch = int64_t(a.seqlen_q) * dv;
-  c.op_row = dv;
-  c.op_head = rows * dv;
+  c.out_partial = o_partial;
+  c.out_partial_split_stride = a.heads_q * rows * dv;
+  c.out_partial_batch_stride = int64_t(a.seqlen_q) * dv;
+  c.out_partial_row_stride = dv;
+  c.out_partial_head_stride = rows * dv;
   c.lse_partial = lse_partial;
-  c.lp_split = a.heads_q * rows;
-  c.lp_batch = a.seqlen_q;
-  c.lp_row = 1;
-  c.lp_head = rows;
-  c.out = a.out.data;
-  c.o_batch = a.out.batch_stride;
-  c.o_row = a.out.row_stride;
-  c.o_head = a.out.head_stride;
+  c.lse_partial_split_stride = a.heads_q * rows;
+  c.lse_partial_batch_stride = a.seqlen_q;
+  c.lse_partial_row_stride = 1;
+  c.lse_partial_head_stride = rows;
+  c.out = a.out;
   c.lse = a.lse;  // [batch][heads_q][seqlen_q], packed Q: [heads_q][total_q]
-  c.l_batch = int64_t(a.heads_q) * a.seqlen_q;
-  c.l_row = 1;
-  c.l_head = a.cu_seqlens_q ? a.total_q : a.seqlen_q;
+  c.lse_batch_stride = int64_t(a.heads_q) * a.seqlen_q;
+  c.lse_row_stride = 1;
+  c.lse_head_stride = a.cu_seqlens_q ? a.total_q : a.seqlen_q;
   c.num_splits = w.num_splits;
   c.batch = a.batch;
   c.seqlen = a.seqlen_q;
