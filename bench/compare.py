@@ -55,6 +55,8 @@ FP8_HDIMS = (64, 128, 256)
 # fa3's e4m3 forward vs float64 on the bf16 values it was quantized from (the inputs' quantization
 # included: 4.8-5.7e-2 on the sweep's N(0, 1) inputs, 2026-12-01)
 FP8_MAX_REL_ERR = 8e-2
+FP8_BLOCK = 128   # fa3_quantize_fp8's block of tokens in the fp8 section
+FP8_SEED = 2026   # of the rotation's signs
 PAGE_SIZES = (16, 256)
 PAGED_HDIMS = (128, 256)
 EXTRA_SEQLENS = (4096, 16384)
@@ -531,8 +533,10 @@ EXTRA_SPECS = {
     "fp8": {
         "title": "FP8 (e4m3 Q/K/V quantized per (batch, kv head) from the bf16 inputs, descales as "
                  "FlashAttention-3's, bf16 O): fa3 e4m3 vs fa3 and cuDNN in bf16 on the same values",
-        "columns": (("fa3_fp8", "fa3 fp8"), ("fa3", "fa3 bf16"), ("cudnn", "cuDNN")),
-        "ratios": (("fa3_fp8", "fa3", None, "fp8/bf16"), ("fa3_fp8", "cudnn", None, "fp8/cuDNN")),
+        "columns": (("fa3_fp8", "fa3 fp8"), ("fa3_fp8_block", "fp8 blk"), ("fa3", "fa3 bf16"), ("cudnn", "cuDNN")),
+        # fp8 blk: fa3_quantize_fp8's blocks of 128 tokens, Q and K rotated (incoherent processing).
+        "ratios": (("fa3_fp8", "fa3", None, "fp8/bf16"), ("fa3_fp8", "cudnn", None, "fp8/cuDNN"),
+                   ("fa3_fp8_block", "fa3_fp8", 0.97, "blk/head")),
     },
     "paged": {
         "title": f"paged KV cache (pages of {' and '.join(map(str, PAGE_SIZES))} rows, shuffled; the same keys and "
@@ -548,6 +552,7 @@ EXTRA_LABELS = {
     "fa2_varlen": "FA2 varlen", "fa3_varlen_eq": "fa3 varlen at equal lengths (the dense batches packed)",
     **{f"fa3_paged{n}": f"fa3 paged, pages of {n}" for n in PAGE_SIZES},
     "fa3_fp8": "fa3 e4m3",
+    "fa3_fp8_block": "fa3 e4m3, block descales and rotated Q/K (fa3_quantize_fp8)",
 }
 
 
@@ -789,28 +794,40 @@ def extra_fp8(torch, lib, args, l2, dtype, d, causal, seqlen):
         record(torch, row, "cudnn", res, outs["cudnn"], f)
     dense_check(torch, row, sets[0], outs, causal, scale)
     del outs
-    fp8_sets = []
+    fp8_sets, block_sets = [], []
     for st in sets:
-        q8 = {}
+        q8, qb = {}, {}
         for name in ("q", "k", "v"):
             q8[name], q8[name + "_descale"] = quantize_e4m3(torch, st[name])
+            qb[name], qb[name + "_block"] = fa3_ctypes.quantize_fp8(lib, st[name], FP8_BLOCK, hadamard=name != "v",
+                                                                   seed=FP8_SEED)
         fp8_sets.append(q8)
+        block_sets.append(qb)
     s0 = sets[0]
     del sets
-    outs8 = [torch.empty(s["q"].shape, dtype=torch.bfloat16, device="cuda") for s in fp8_sets]
-    params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale,
-                                    q_descale=s["q_descale"], k_descale=s["k_descale"], v_descale=s["v_descale"])
-              for s, o in zip(fp8_sets, outs8)]
     stream = torch.cuda.current_stream().cuda_stream
-    try:
-        kname = fa3_ctypes.kernel_name(lib, params[0])
-        res, out8 = measure(torch, args, [lambda p=p: fa3_ctypes.run_forward(lib, p, stream) for p in params])
-        out8 = outs8[0] if res["error"] is None else None
-    except ERRORS as e:
-        res, out8, kname = {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}, None, None
-    record(torch, row, "fa3_fp8", res, out8, f, kname)
-    if out8 is not None:  # against float64 attention on the bf16 values (input quantization included)
-        kept = {"inputs": [s0[n][0, :, :REF_HEADS] for n in ("q", "k", "v")], "outs": {"fa3_fp8": out8[0, :, :REF_HEADS]}}
+    kept = {"inputs": [s0[n][0, :, :REF_HEADS] for n in ("q", "k", "v")], "outs": {}}
+    for key, qsets in (("fa3_fp8", fp8_sets), ("fa3_fp8_block", block_sets)):
+        outs8 = [torch.empty(s["q"].shape, dtype=torch.bfloat16, device="cuda") for s in qsets]
+        if key == "fa3_fp8":
+            params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale,
+                                            q_descale=s["q_descale"], k_descale=s["k_descale"],
+                                            v_descale=s["v_descale"]) for s, o in zip(qsets, outs8)]
+        else:
+            params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale,
+                                            block_descales={n: (s[n + "_block"], FP8_BLOCK) for n in "qkv"})
+                      for s, o in zip(qsets, outs8)]
+        try:
+            kname = fa3_ctypes.kernel_name(lib, params[0])
+            res, out8 = measure(torch, args, [lambda p=p: fa3_ctypes.run_forward(lib, p, stream) for p in params])
+            out8 = outs8[0] if res["error"] is None else None
+        except ERRORS as e:
+            res, out8, kname = {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}, None, None
+        record(torch, row, key, res, out8, f, kname)
+        if out8 is not None:  # against float64 attention on the bf16 values (input quantization included)
+            kept["outs"][key] = out8[0, :, :REF_HEADS]
+        del params, outs8
+    if kept["outs"]:
         row["rel_err_vs_fp64"].update(reference_check(torch, kept, causal, scale))
     return row
 
@@ -896,7 +913,11 @@ def print_extras_summary(rows):
 def fp8_error_test(torch, lib):
     """FlashAttention-3's FP8 error test (its paper, section 4.3): Q, K, V ~ N(0, 1) + N(0, 100) x
     Bernoulli(0.001), d128, batch 2, 4096 tokens, 16 heads; RMSE of O against float64 attention (all
-    heads of the first sequence), for fa3 in bf16 and in e4m3 with one scale per (batch, head)."""
+    heads of the first sequence), for fa3 in bf16 and in e4m3 by quantization step (the paper's Table 3
+    as measured here): one scale per (batch, head) as FlashAttention-3's API has them, then
+    fa3_quantize_fp8's blocks and its rotation of Q and K (incoherent processing). fa3_quantize_fp8
+    takes 16-bit inputs: its rows start from the bf16 values (2^-9 relative, far below e4m3's 2^-4).
+    Also times fa3_quantize_fp8 on a large tensor: bytes read + written over time."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     b, s, h, d = 2, 4096, 16, 128
 
@@ -919,12 +940,44 @@ def fp8_error_test(torch, lib):
     p8 = fa3_ctypes.fwd_params(lib, q8, k8, v8, out8, softmax_scale=scale, q_descale=qd, k_descale=kd, v_descale=vd)
     fa3_ctypes.run_forward(lib, p8, stream)
     result["e4m3 per (batch, head)"] = out8
+    # fa3_quantize_fp8: (block of Q, of K and V, rotate Q and K); a block of s tokens is one per (batch, head).
+    steps = (("fa3 quantizer, per (batch, head)", s, s, False), ("+ blocks of 128 tokens", 128, 128, False),
+             ("per (batch, head) + rotation", s, s, True), ("blocks of 128 + rotation", 128, 128, True),
+             ("+ Q blocks of 16", 16, 128, True))
+    for name, bq, bkv, rotate in steps:
+        qq, qs = fa3_ctypes.quantize_fp8(lib, qb, bq, hadamard=rotate, seed=FP8_SEED)
+        kq, ks = fa3_ctypes.quantize_fp8(lib, kb, bkv, hadamard=rotate, seed=FP8_SEED)
+        vq, vs = fa3_ctypes.quantize_fp8(lib, vb, bkv)
+        o = torch.empty_like(qb)
+        pb = fa3_ctypes.fwd_params(lib, qq, kq, vq, o, softmax_scale=scale,
+                                   block_descales={"q": (qs, bq), "k": (ks, bkv), "v": (vs, bkv)})
+        fa3_ctypes.run_forward(lib, pb, stream)
+        result[name] = o
     torch.cuda.synchronize()
     rmse = {name: float(((o[0].double() - ref) ** 2).mean().sqrt()) for name, o in result.items()}
     print("\n# FP8 error test (FlashAttention-3 section 4.3: N(0,1) + N(0,100) x Bernoulli(0.001), d128, b 2, "
           "s 4096, h 16): RMSE of O vs float64")
     for name, e in rmse.items():
-        print(f"{name:<28} {e:.2e}")
+        print(f"{name:<36} {e:.2e}")
+    del q, k, v, qb, kb, vb, result
+    # fa3_quantize_fp8's bandwidth: bf16 [4, 16k, 16, 128] in (256 MiB), e4m3 out, blocks of 128.
+    x = torch.randn(4, 16384, 16, 128, device="cuda", dtype=torch.bfloat16)
+    moved = x.numel() * 3 + x.numel() // (128 * 128) * 4  # 2 + 1 bytes per element, a float per block
+    print("# fa3_quantize_fp8, bf16 [4, 16384, 16, 128] -> e4m3, blocks of 128 (bytes read + written / time)")
+    for rotate in (False, True):
+        for _ in range(3):
+            fa3_ctypes.quantize_fp8(lib, x, 128, hadamard=rotate, seed=FP8_SEED)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 20
+        start.record()
+        for _ in range(reps):
+            fa3_ctypes.quantize_fp8(lib, x, 128, hadamard=rotate, seed=FP8_SEED)
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / reps
+        tbs = moved / (ms * 1e-3) / 1e12
+        rmse[f"quantize TB/s{' rotated' if rotate else ''}"] = tbs
+        print(f"{'rotated' if rotate else 'plain':<36} {ms:.3f} ms  {tbs:.2f} TB/s")
     return rmse
 
 

@@ -53,6 +53,17 @@ class Tensor(ctypes.Structure):
     ]
 
 
+class BlockScales(ctypes.Structure):
+    """fa3_block_scales: float32 factors per block of block_size positions, [batch, heads, blocks]."""
+    _fields_ = [
+        ("data", c_void_p),
+        ("batch_stride", c_int64),
+        ("head_stride", c_int64),
+        ("block_size", c_int32),
+        ("num_blocks", c_int32),
+    ]
+
+
 class FwdParams(ctypes.Structure):
     """fa3_fwd_params, in the header's field order."""
     _fields_ = [
@@ -94,6 +105,31 @@ class FwdParams(ctypes.Structure):
         ("num_splits", c_int32),
         ("workspace", c_void_p),
         ("workspace_bytes", c_size_t),
+        ("q_block_descale", BlockScales),
+        ("k_block_descale", BlockScales),
+        ("v_block_descale", BlockScales),
+    ]
+
+
+class QuantizeParams(ctypes.Structure):
+    """fa3_quantize_params, in the header's field order."""
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("in_dtype", c_enum),
+        ("batch", c_int32),
+        ("seqlen", c_int32),
+        ("heads", c_int32),
+        ("head_dim", c_int32),
+        ("in_", Tensor),
+        ("out", Tensor),
+        ("cu_seqlens", c_void_p),
+        ("total", c_int32),
+        ("descale", c_void_p),
+        ("descale_batch_stride", c_int64),
+        ("descale_head_stride", c_int64),
+        ("block_size", c_int32),
+        ("hadamard", c_int32),
+        ("seed", ctypes.c_uint64),
     ]
 
 
@@ -137,6 +173,8 @@ def _declare(lib):
         "fa3_bwd_kernel_name": ([bwd_p, POINTER(c_char_p)], c_enum),
         "fa3_last_error": ([], c_char_p),
         "fa3_fwd_params_size": ([], c_size_t),
+        "fa3_quantize_params_init": ([POINTER(QuantizeParams)], None),
+        "fa3_quantize_fp8": ([POINTER(QuantizeParams), c_void_p], c_enum),
         "fa3_bwd_params_size": ([], c_size_t),
     }
     for name, (argtypes, restype) in signatures.items():
@@ -240,7 +278,8 @@ def _max_seqlen(cu_seqlens):
 
 def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, *,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
-               page_table=None, num_splits=None, q_descale=None, k_descale=None, v_descale=None):
+               page_table=None, num_splits=None, q_descale=None, k_descale=None, v_descale=None,
+               block_descales=None):
     """Fills fa3_fwd_params from torch tensors in BSHD layout.
 
     Fixed length: q/out [b, s_q, h_q, d_qk / d_v], k/v [b, s_k, h_kv, d_qk / d_v] (d_v may differ
@@ -253,6 +292,8 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap).
     q/k/v_descale (e4m3 inputs): float32 [b, h_kv] factors the stored values are multiplied by
     (FlashAttention-3's descales; one layout, the strides of q_descale's).
+    block_descales (e4m3): {"q" / "k" / "v": (float32 [b, h, blocks] tensor, block_size)}, the block
+    descales fa3_quantize_fp8 writes (quantize_fp8 below returns them in this form).
     num_splits (split-KV): None keeps the library's default (0 = automatic), 1 = no split, > 1 = that
     many key splits; it is set before the workspace query, whose size depends on it.
 
@@ -317,6 +358,12 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
             keep.append(t)
         first = next(t for t in (q_descale, k_descale, v_descale) if t is not None)
         p.descale_batch_stride, p.descale_head_stride = first.stride(0), first.stride(1)
+    for name, (t, size) in (block_descales or {}).items():
+        if t.dtype != torch.float32 or t.dim() != 3 or t.stride(2) != 1:
+            raise ValueError(f"fa3_ctypes: block descales of {name} must be float32 [batch, heads, blocks], "
+                             "blocks contiguous")
+        setattr(p, name + "_block_descale", BlockScales(t.data_ptr(), t.stride(0), t.stride(1), int(size), t.shape[2]))
+        keep.append(t)
     if num_splits is not None:
         p.num_splits = int(num_splits)  # before the workspace query: the split partials live there
     p._keep = keep  # ctypes holds raw pointers only: keep the tensors alive with the struct
@@ -328,6 +375,25 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
         p.workspace, p.workspace_bytes = ws.data_ptr(), nbytes.value
         p._workspace = ws  # ctypes holds a raw pointer only: keep the tensor alive with the struct
     return p
+
+
+def quantize_fp8(lib, x, block_size=128, hadamard=False, seed=0, stream=None):
+    """fa3_quantize_fp8 on a 16-bit [b, s, h, d] tensor: (e4m3 tensor, float32 [b, h, blocks] descales).
+    Rotate Q and K with the same seed (hadamard=True), V not."""
+    import torch
+    b, s, h, d = x.shape
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    blocks = (s + block_size - 1) // block_size
+    ds = torch.empty(b, h, blocks, dtype=torch.float32, device=x.device)
+    p = QuantizeParams()
+    lib.fa3_quantize_params_init(byref(p))
+    p.in_dtype = _dtype_code(x.dtype)
+    p.batch, p.seqlen, p.heads, p.head_dim = b, s, h, d
+    p.in_, p.out = tensor_view(x, "in"), tensor_view(out, "out")
+    p.descale, p.descale_batch_stride, p.descale_head_stride = ds.data_ptr(), ds.stride(0), ds.stride(1)
+    p.block_size, p.hadamard, p.seed = int(block_size), int(bool(hadamard)), int(seed)
+    check(lib, lib.fa3_quantize_fp8(byref(p), stream_handle(stream, x.device)))
+    return out, ds
 
 
 def bwd_params(lib, fwd, dout, dq, dk, dv, deterministic=False):

@@ -147,6 +147,7 @@ std::string FwdCase::name() const {
   if (page_size) s << " paged" << page_size;
   if (key_growth > 0) s << " key-growth" << key_growth;
   if (workspace) s << " workspace splits" << num_splits;
+  if (q_block || kv_block) s << " block-descales(" << q_block << "," << kv_block << ")";
   if (!with_lse) s << " no-lse";
   return s.str();
 }
@@ -167,6 +168,8 @@ std::string FwdCase::repro() const {
   if (page_size) s << " c.page_size = " << page_size << ";";
   if (key_growth != 0) s << " c.key_growth = " << float_literal(key_growth) << ";";
   if (workspace) s << " c.workspace = true; c.num_splits = " << num_splits << ";";
+  if (q_block) s << " c.q_block = " << q_block << ";";
+  if (kv_block) s << " c.kv_block = " << kv_block << ";";
   return s.str();
 }
 
@@ -535,6 +538,14 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
     return descale[which] * (1.f + 0.25f * float((3 * b + 5 * kv_head + which) % 4));
   };
   const int group = c.heads_q / c.heads_kv;
+  // Block descales (c.q_block, c.kv_block): a factor in [0.5, 2] per (sequence, head, block).
+  const int blocks_q = c.q_block > 0 ? (P.seqlen_q + c.q_block - 1) / c.q_block : 0;
+  const int blocks_kv = c.kv_block > 0 ? (P.seqlen_k + c.kv_block - 1) / c.kv_block : 0;
+  auto block_at = [&](int which, int b, int head, int pos) {
+    const int size = which == 0 ? c.q_block : c.kv_block;
+    if (size == 0) return 1.f;
+    return 0.5f + 0.125f * float((7 * b + 3 * head + 5 * (pos / size) + 4 * which) % 13);
+  };
 
   auto& a = d.args;
   a.dtype = c.dtype;
@@ -596,11 +607,13 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
       q.reserve(size_t(p.seqlen_q[b]) * c.heads_q * dqk);
       for (int i = 0; i < p.seqlen_q[b]; ++i)
         for (int h = 0; h < c.heads_q; ++h)
-          for (int x = 0; x < dqk; ++x) q.push_back(value(hq, P.q_index(b, i, h, x), descale_at(0, b, h / group)));
+          for (int x = 0; x < dqk; ++x)
+            q.push_back(value(hq, P.q_index(b, i, h, x), descale_at(0, b, h / group) * block_at(0, b, h, i)));
       for (int j = 0; j < p.seqlen_k[b]; ++j)
         for (int h = 0; h < c.heads_kv; ++h) {
-          for (int x = 0; x < dqk; ++x) d.in.k[b].push_back(value(hk, P.k_index(b, j, h, x), descale_at(1, b, h)));
-          for (int x = 0; x < dv; ++x) d.in.v[b].push_back(value(hv, P.v_index(b, j, h, x), descale_at(2, b, h)));
+          const float fk = descale_at(1, b, h) * block_at(1, b, h, j), fv = descale_at(2, b, h) * block_at(2, b, h, j);
+          for (int x = 0; x < dqk; ++x) d.in.k[b].push_back(value(hk, P.k_index(b, j, h, x), fk));
+          for (int x = 0; x < dv; ++x) d.in.v[b].push_back(value(hv, P.v_index(b, j, h, x), fv));
         }
     }
   }
@@ -658,6 +671,27 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
     a.v_descale = base + 2 * c.batch * c.heads_kv;
     a.descale_batch_stride = c.heads_kv;
     a.descale_head_stride = 1;
+  }
+  if (c.q_block > 0 || c.kv_block > 0) {
+    // [batch][heads][blocks] per operand: Q's by query head, K's and V's by kv head.
+    const size_t nq = size_t(c.batch) * c.heads_q * blocks_q, nkv = size_t(c.batch) * c.heads_kv * blocks_kv;
+    std::vector<float> f;
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < c.heads_q; ++h)
+        for (int i = 0; i < blocks_q; ++i) f.push_back(block_at(0, b, h, i * c.q_block));
+    for (int which = 1; which < 3; ++which)
+      for (int b = 0; b < c.batch; ++b)
+        for (int h = 0; h < c.heads_kv; ++h)
+          for (int j = 0; j < blocks_kv; ++j) f.push_back(block_at(which, b, h, j * c.kv_block));
+    d.block_descale = DeviceBuffer(std::max<size_t>(f.size(), 1) * 4);
+    if (!f.empty()) d.block_descale.upload(f.data(), f.size() * 4);
+    const float* base = static_cast<const float*>(d.block_descale.get());
+    if (c.q_block > 0)
+      a.q_block_descale = {base, int64_t(c.heads_q) * blocks_q, blocks_q, c.q_block, blocks_q};
+    if (c.kv_block > 0) {
+      a.k_block_descale = {base + nq, int64_t(c.heads_kv) * blocks_kv, blocks_kv, c.kv_block, blocks_kv};
+      a.v_block_descale = {base + nq + nkv, int64_t(c.heads_kv) * blocks_kv, blocks_kv, c.kv_block, blocks_kv};
+    }
   }
   if (c.workspace) {
     a.num_splits = c.num_splits;
@@ -790,6 +824,14 @@ std::string Errors::summary() const {
                 "stray writes O %ld LSE %ld",
                 rel_fro, max_abs, max_ref, lse_max_err, nan_count, lse_mismatch, stray_o, stray_lse);
   return std::string(buf) + (stray_where.empty() ? "" : " [" + stray_where + "]");
+}
+
+double fp8_tolerance(const FwdCase& c) {
+  auto total = [](const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), 0L); };
+  const long rows = !c.seqused_q.empty() ? total(c.seqused_q)
+                    : !c.varlen_q.empty() ? total(c.varlen_q)
+                                          : long(c.batch) * c.seqlen_q;
+  return rows * c.heads_q <= 16 ? 1.0 / 16 + 5e-3 : 3e-2;
 }
 
 bool is_close(const Errors& e, double rel_tol, std::string* why, double lse_tol) {

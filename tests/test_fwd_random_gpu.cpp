@@ -203,6 +203,10 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
     c.dtype = FA3_DTYPE_E4M3;
     c.softcap = 0.f;
     c.key_growth = 0.f;
+    if (g.chance(0.5)) {  // block descales (the WithBlockDescales kernels)
+      if (g.chance(0.7)) c.q_block = g.chance(0.5) ? g.uniform(1, 300) : 64;
+      if (g.chance(0.8)) c.kv_block = 128 * g.uniform(1, 3);
+    }
   }
 
   // Caps: fewer heads first, then shorter sequences.
@@ -288,7 +292,7 @@ Outcome run_case(const FwdCase& c, std::string* why, Timers* t) {
     std::string diff;
     const bool fp8 = c.dtype == FA3_DTYPE_E4M3;  // (test_fwd_gpu.cpp: why the FP8 tolerances)
     if (!is_close(compare(got, ref::FwdResult{oracle.o, oracle.lse}, c.with_lse),
-                  fp8 ? 3e-2 : 1e-2, &diff, fp8 ? 2e-2 : 1e-3)) {
+                  fp8 ? fp8_tolerance(c) : 1e-2, &diff, fp8 ? 2e-2 : 1e-3)) {
       *why = "differs from the oracle: " + diff;
       return Outcome::kFail;
     }

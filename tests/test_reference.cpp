@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "reference/quantize.h"
+#include "src/fp8/fp8_format.h"
+
 #include "reference/reference.h"
 #include "reference/rounding.h"
 
@@ -694,3 +697,56 @@ TEST(Rounding, RoundVecUsesFa3DtypeNumbers) {
 }
 
 }  // namespace
+
+// ---- the quantizer's CPU reference (reference/quantize.h), the tests' model of fa3_quantize_fp8 ----
+
+// H H = d I: rotating twice gives d times the input (exactly, for small integers). hadamard_row
+// multiplies by the signs first, so the second rotation gets them cancelled beforehand.
+TEST(ReferenceQuantize, HadamardTwiceIsDTimesTheInput) {
+  for (int d : {16, 64, 128, 256}) {
+    std::vector<float> x(d);
+    for (int c = 0; c < d; ++c) x[c] = float((c * 7) % 11) - 5.f;
+    std::vector<float> z(x);
+    fa3::ref::hadamard_row(z.data(), d, 7);  // (x * s) H
+    for (int c = 0; c < d; ++c) z[c] *= fa3::fp8::hadamard_sign(7, c);
+    fa3::ref::hadamard_row(z.data(), d, 7);  // (x * s) H H
+    for (int c = 0; c < d; ++c)
+      EXPECT_EQ(z[c], float(d) * x[c] * fa3::fp8::hadamard_sign(7, c)) << "d " << d << " c " << c;
+  }
+}
+
+// descale * e4m3 value is the rotated input (x * s) H / sqrt(d) to e4m3's precision (3 mantissa
+// bits: relative 2^-4, plus half a subnormal step), each block's largest |y| lands on 448, and
+// an all-zero block gets descale 1.
+TEST(ReferenceQuantize, DequantizesToTheRotatedInput) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int rows = 70, d = 64, block = 32;
+  std::vector<float> x(size_t(rows) * d);
+  for (auto& v : x) v = normal(g) * (1.f + 20.f * (normal(g) > 2.5f));
+  for (int r = 64; r < rows; ++r)  // the third block (rows 64..69): zeros
+    for (int e = 0; e < d; ++e) x[size_t(r) * d + e] = 0.f;
+  for (bool hadamard : {false, true}) {
+    const auto q = fa3::ref::quantize_fp8(x, rows, d, block, hadamard, 99);
+    ASSERT_EQ(q.descale.size(), 3u);
+    EXPECT_EQ(q.descale[2], 1.f);
+    for (int b = 0; b < 2; ++b) {
+      int top = 0;
+      for (int r = b * block; r < (b + 1) * block; ++r) {
+        std::vector<float> y(x.begin() + size_t(r) * d, x.begin() + size_t(r + 1) * d);
+        if (hadamard) {
+          fa3::ref::hadamard_row(y.data(), d, 99);
+          for (float& v : y) v /= std::sqrt(float(d));
+        }
+        for (int e = 0; e < d; ++e) {
+          const uint8_t byte = q.bytes[size_t(r) * d + e];
+          top = std::max(top, int(byte & 0x7f));
+          const float got = fa3::ref::from_e4m3_bits(byte) * q.descale[b];
+          EXPECT_LE(std::fabs(got - y[e]), std::fabs(y[e]) / 16.f + q.descale[b] / 1024.f * 1.001f)
+              << "row " << r << " col " << e << (hadamard ? " rotated" : "");
+        }
+      }
+      EXPECT_EQ(top, 0x7e) << "block " << b << ": its largest value is 448";
+    }
+  }
+}

@@ -547,6 +547,107 @@ TEST_F(FwdValidation, NegativeDescaleStride) {
   EXPECT_TRUE(Invalid(fa3::validate(a), "descale_head_stride"));
 }
 
+// ---- FP8 block descales (fa3_block_scales) ----
+void set_block_descales(fa3::FwdArgs& a) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.out_dtype = FA3_DTYPE_BF16;
+  a.q_block_descale = {fake<const float>(0x810000), kHeadsQ * 2, 2, 64, 2};  // ceil(128 / 64)
+  a.k_block_descale = {fake<const float>(0x820000), kHeadsKv * 2, 2, 128, 2};  // ceil(256 / 128)
+  a.v_block_descale = {fake<const float>(0x830000), kHeadsKv, 1, 256, 1};
+}
+
+TEST_F(FwdValidation, E4m3WithBlockDescalesPasses) {
+  set_block_descales(a);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.q_block_descale.block_size = 1;  // per token
+  a.q_block_descale.num_blocks = kSeqQ;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, BlockDescalesWithBf16) {
+  a.v_block_descale = {fake<const float>(0x830000), kHeadsKv, 1, 256, 1};
+  EXPECT_TRUE(Invalid(fa3::validate(a), "v_block_descale.data is only used with dtype e4m3"));
+}
+
+TEST_F(FwdValidation, BlockDescaleSizes) {
+  set_block_descales(a);
+  a.k_block_descale.block_size = 64;  // not whole 128-key blocks
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k_block_descale.block_size"));
+  set_block_descales(a);
+  a.q_block_descale.block_size = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "q_block_descale.block_size"));
+  set_block_descales(a);
+  a.v_block_descale.block_size = 128;  // now 2 blocks are needed, 1 given
+  EXPECT_TRUE(Invalid(fa3::validate(a), "v_block_descale.num_blocks"));
+  set_block_descales(a);
+  a.k_block_descale.head_stride = -1;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k_block_descale.head_stride"));
+  set_block_descales(a);
+  a.q_block_descale.data = offset_bytes(a.q_block_descale.data, 2);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "q_block_descale.data must be 4-byte aligned"));
+}
+
+// A caller built before the block descales passes the older struct_size; whatever lies past its
+// struct is not read.
+TEST_F(FwdValidation, StructSizeBeforeBlockDescalesIsAccepted) {
+  fa3_fwd_params p = a;
+  p.struct_size = FA3_FWD_PARAMS_SIZE_V1;
+  p.q_block_descale = {fake<const float>(0x810001), -5, -5, 0, 0};  // garbage an older caller has there
+  EXPECT_EQ(fa3_fwd_validate(&p), FA3_OK) << fa3_last_error();
+  p.struct_size = FA3_FWD_PARAMS_SIZE_V1 + 4;
+  EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);
+}
+
+// ---- fa3_quantize_fp8 ----
+class QuantizeValidation : public ::testing::Test {
+ protected:
+  fa3::QuantizeArgs q = [] {
+    fa3::QuantizeArgs a;
+    a.batch = kBatch;
+    a.seqlen = kSeqK;
+    a.heads = kHeadsKv;
+    a.head_dim = kDim;
+    a.in = fa3::bshd(fake(0x200000), kSeqK, kHeadsKv, kDim);
+    a.out = fa3::bshd(fake(0x900000), kSeqK, kHeadsKv, kDim);
+    a.descale = fake<float>(0xa00000);
+    a.descale_batch_stride = kHeadsKv * 2;
+    a.descale_head_stride = 2;
+    a.hadamard = 1;
+    return a;
+  }();
+};
+
+TEST_F(QuantizeValidation, ValidArgsPass) {
+  EXPECT_TRUE(Passes(fa3::validate(q)));
+  for (int bs : {16, 32, 64, 128, 256, 1280}) {
+    q.block_size = bs;
+    EXPECT_TRUE(Passes(fa3::validate(q))) << bs;
+  }
+}
+
+TEST_F(QuantizeValidation, BadArguments) {
+  auto expect = [&](auto change, const char* field) {
+    fa3::QuantizeArgs b = q;
+    change(b);
+    EXPECT_TRUE(Invalid(fa3::validate(b), field));
+  };
+  expect([](auto& b) { b.in_dtype = FA3_DTYPE_E4M3; }, "in_dtype");
+  expect([](auto& b) { b.head_dim = 100; }, "head_dim must be a multiple of 8");
+  expect([](auto& b) { b.head_dim = 96; b.in = fa3::bshd(b.in.data, kSeqK, kHeadsKv, 96); }, "power of two");
+  expect([](auto& b) { b.block_size = 48; }, "block_size");
+  expect([](auto& b) { b.block_size = 0; }, "block_size");
+  expect([](auto& b) { b.hadamard = 2; }, "hadamard");
+  expect([](auto& b) { b.descale = nullptr; }, "descale must not be NULL");
+  expect([](auto& b) { b.descale_head_stride = -1; }, "descale_head_stride");
+  expect([](auto& b) { b.in.data = offset_bytes(b.in.data, 8); }, "in.data");
+  expect([](auto& b) { b.out.row_stride = 8; }, "out.row_stride");
+  expect([](auto& b) { b.out.row_stride = b.out.head_stride = 16; }, "out strides make elements overlap");
+  expect([](auto& b) { b.seqlen = -1; }, "seqlen");
+  expect([](auto& b) { b.heads = 0; }, "heads");
+  expect([](auto& b) { b.cu_seqlens = fake<const int32_t>(0xb00000); }, "total");
+  expect([](auto& b) { b.struct_size = 3; }, "struct_size");
+}
+
 TEST_F(FwdValidation, NumSplitsNegative) {
   a.num_splits = -1;
   EXPECT_TRUE(Invalid(fa3::validate(a), "num_splits"));

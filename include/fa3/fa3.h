@@ -52,6 +52,10 @@ struct CombineArgs : fa3_combine_params {
   CombineArgs() { fa3_combine_params_init(this); }
 };
 
+struct QuantizeArgs : fa3_quantize_params {
+  QuantizeArgs() { fa3_quantize_params_init(this); }
+};
+
 // A contiguous [batch, seqlen, heads, head_dim] tensor.
 inline Tensor bshd(void* data, int64_t seqlen, int64_t heads, int64_t head_dim) {
   return Tensor{data, seqlen * heads * head_dim, heads * head_dim, head_dim};
@@ -66,6 +70,9 @@ FA3_API Status workspace_size(const BwdArgs& args, size_t* bytes);
 // Merges split results (fa3_c.h, fa3_combine_params).
 FA3_API Status combine(const CombineArgs& args, CUstream_st* stream = nullptr);
 FA3_API Status validate(const CombineArgs& args);
+// 16-bit Q, K or V to e4m3 with block descales, optionally rotated (fa3_c.h, fa3_quantize_params).
+FA3_API Status quantize_fp8(const QuantizeArgs& args, CUstream_st* stream = nullptr);
+FA3_API Status validate(const QuantizeArgs& args);
 
 // "hopper" or "reference-gpu": the implementation forward() picks for these arguments.
 FA3_API Status kernel_name(const FwdArgs& args, const char** name);

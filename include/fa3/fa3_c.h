@@ -72,6 +72,19 @@ typedef struct fa3_tensor {
   int64_t head_stride;  /* elements between heads */
 } fa3_tensor;
 
+/* FP8 block descales: one float32 factor per block of block_size consecutive positions of one head
+ * of one sequence (positions counted from the sequence's start; varlen: batch is the sequence),
+ * at data[batch * batch_stride + head * head_stride + position / block_size], blocks contiguous.
+ * The attention is computed on factor * Q (and K, V) in each block, on top of the per-head
+ * descales. Factors must be positive and finite. fa3_quantize_fp8 writes them. */
+typedef struct fa3_block_scales {
+  const float* data;    /* NULL = none */
+  int64_t batch_stride; /* floats between sequences */
+  int64_t head_stride;  /* floats between heads */
+  int32_t block_size;   /* positions per factor: Q any >= 1; K and V a multiple of 128 */
+  int32_t num_blocks;   /* factors per (sequence, head): >= ceil(seqlen / block_size) */
+} fa3_block_scales;
+
 /* Forward: O = softmax(scale * Q K^T + mask) V, optionally LSE. */
 typedef struct fa3_fwd_params {
   uint32_t struct_size; /* set by fa3_fwd_params_init: sizeof(fa3_fwd_params) */
@@ -129,7 +142,18 @@ typedef struct fa3_fwd_params {
   int32_t num_splits;
   void* workspace;    /* device scratch of fa3_fwd_workspace_size() bytes (may be NULL when that is 0) */
   size_t workspace_bytes;
+
+  /* FP8 block descales (e4m3 only; data NULL = none): Q's per query head [batch][heads_q][blocks],
+   * K's and V's per kv head [batch][heads_kv][blocks]. Q's join the row's softmax constant, K's the
+   * key block's, V's rescale O between key blocks (fa3's Hopper FP8 kernel, and the reference).
+   * Appended: a caller built before them passes struct_size FA3_FWD_PARAMS_SIZE_V1 and has none. */
+  fa3_block_scales q_block_descale;
+  fa3_block_scales k_block_descale;
+  fa3_block_scales v_block_descale;
 } fa3_fwd_params;
+
+/* The struct_size of fa3_fwd_params before the block descales (still accepted). */
+#define FA3_FWD_PARAMS_SIZE_V1 offsetof(fa3_fwd_params, q_block_descale)
 
 /* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
 typedef struct fa3_bwd_params {
@@ -198,6 +222,42 @@ typedef struct fa3_combine_params {
 FA3_API void fa3_combine_params_init(fa3_combine_params* params);
 /* One kernel on `stream`; no allocation, no synchronisation. */
 FA3_API fa3_status fa3_combine(const fa3_combine_params* params, fa3_stream_t stream);
+
+/* FP8 quantization for fa3_forward's e4m3 inputs: a 16-bit [batch, seqlen, heads, head_dim] tensor
+ * to e4m3 with one descale per block of block_size positions of each (sequence, head):
+ *   y = x, or with hadamard (incoherent processing) y = (x * signs) H, H the head_dim x head_dim
+ *   Walsh-Hadamard matrix (+-1 entries, so H / sqrt(head_dim) is orthogonal), signs[c] = +-1 from
+ *   (seed, c); with a = max |y| over the block: out = e4m3(y * (448 / a)) rounded to nearest even,
+ *   descale = a / 448 (/ sqrt(head_dim) with hadamard), 1 and zeros for an all-zero block. So
+ *   descale * out is x, or x's rotation (x * signs) H / sqrt(head_dim); the descales are what
+ *   fa3_fwd_params' block descales take.
+ * Rotate Q and K with the same seed (Q H (K H)^T = Q K^T), V not. One kernel on `stream`, one read
+ * of `in` and one write of `out` (blocks of more than 128 positions read theirs twice, the second
+ * time mostly from L2); no allocation, no synchronisation. */
+typedef struct fa3_quantize_params {
+  uint32_t struct_size; /* set by fa3_quantize_params_init */
+  fa3_dtype in_dtype;   /* of in: fp16 or bf16 (out is e4m3) */
+  int32_t batch;
+  int32_t seqlen; /* with cu_seqlens: the longest sequence */
+  int32_t heads;
+  int32_t head_dim; /* a multiple of 8, <= 256; with hadamard a power of two >= 16 */
+  fa3_tensor in, out;
+  /* Optional: packed rows (row of (b, i) = cu_seqlens[b] + i, batch strides ignored; batch + 1
+   * int32 entries) and the rows of in and out then (>= cu_seqlens[batch]). */
+  const int32_t* cu_seqlens;
+  int32_t total;
+  /* The descales written: float32 at descale[b * descale_batch_stride + h * descale_head_stride +
+   * position / block_size], ceil(seqlen / block_size) per (sequence, head). */
+  float* descale;
+  int64_t descale_batch_stride;
+  int64_t descale_head_stride;
+  int32_t block_size; /* 16, 32, 64, or a multiple of 128 */
+  int32_t hadamard;   /* 1: rotate first */
+  uint64_t seed;      /* of the rotation's signs */
+} fa3_quantize_params;
+
+FA3_API void fa3_quantize_params_init(fa3_quantize_params* params);
+FA3_API fa3_status fa3_quantize_fp8(const fa3_quantize_params* params, fa3_stream_t stream);
 
 /* The message of the last failed call on this thread ("" after a successful call). */
 FA3_API const char* fa3_last_error(void);

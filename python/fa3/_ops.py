@@ -75,12 +75,14 @@ _load()
 def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
         max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
         v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
-        softcap=0.0, num_splits=1, deterministic=False):
+        softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None, k_block_descale=None,
+        v_block_descale=None, q_block_size=0, kv_block_size=0):
     """(out, softmax_lse) = fa3::fwd(...); differentiable in q, k, v (softmax_lse is not)."""
     _require()
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
             page_table, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
-            window_right, softcap, num_splits, deterministic)
+            window_right, softcap, num_splits, deterministic, q_block_descale, k_block_descale,
+            v_block_descale, q_block_size, kv_block_size)
     if torch.compiler.is_compiling():
         # Traced: the dispatcher's autograd kernel is what AOTAutograd records.
         return torch.ops.fa3.fwd.default(*args)
@@ -123,6 +125,18 @@ def combine(out_partial, lse_partial, out_dtype):
 
 
 # ---- fake kernels (shapes only; the same allocation rules as torch_ops.cpp) ---------------------
+def quantize_fp8(x, block_size=128, hadamard=False, seed=0):
+    """(out e4m3 [b, s, h, d], descale float32 [b, h, blocks]) = fa3::quantize_fp8(x [b, s, h, d])."""
+    _require()
+    return torch.ops.fa3.quantize_fp8.default(x, block_size, hadamard, seed)
+
+
+def _quantize_fake(x, block_size=128, hadamard=False, seed=0):
+    b, s, h, _ = x.shape
+    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            x.new_empty((b, h, (s + block_size - 1) // block_size), dtype=torch.float32))
+
+
 def _combine_fake(out_partial, lse_partial, out_dtype):
     dtype = {code: dt for dt, code in COMBINE_DTYPES.items()}[out_dtype]
     _, b, s, h, d = out_partial.shape
@@ -133,7 +147,8 @@ def _combine_fake(out_partial, lse_partial, out_dtype):
 def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
               max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
               v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
-              softcap=0.0, num_splits=1, deterministic=False):
+              softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None,
+              k_block_descale=None, v_block_descale=None, q_block_size=0, kv_block_size=0):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype)
     if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]
@@ -152,7 +167,7 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=N
 # ---- autograd of fa3::fwd -----------------------------------------------------------------------
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, su_q, su_k, max_q, max_k, page_table, q_descale, k_descale, v_descale,
-     scale, causal, wl, wr, softcap, num_splits, deterministic) = inputs
+     scale, causal, wl, wr, softcap, num_splits, deterministic) = inputs[:20]  # (then block descales)
     out, lse = output
     # LSE is returned for inspection and split-KV merging; its gradient is not propagated (as
     # FlashAttention), so mark it so autograd never hands us a non-zero dLSE to ignore.
@@ -181,8 +196,8 @@ def _fwd_backward(ctx, dout, _dlse):
 class _FwdFunction(torch.autograd.Function):
     """fa3::fwd's autograd node: the forward below autograd, its backward fa3::bwd.
 
-    Inputs (keyset, q, k, v, rest): the 17 other arguments travel as one tuple, so that apply()
-    inspects four inputs instead of twenty-one (~5 us per call).
+    Inputs (keyset, q, k, v, rest): the other arguments travel as one tuple, so that apply()
+    inspects four inputs instead of twenty-one or more (~5 us per call).
     """
 
     @staticmethod
@@ -238,6 +253,8 @@ if _LIB_PATH is not None:
     torch.library.register_kernel("fa3::fwd", "cpu")(_cpu_kernel("fwd"))
     torch.library.register_kernel("fa3::bwd", "cpu")(_cpu_kernel("bwd"))
     torch.library.register_kernel("fa3::combine", "cpu")(_cpu_kernel("combine"))
+    torch.library.register_kernel("fa3::quantize_fp8", "cpu")(_cpu_kernel("quantize_fp8"))
+    torch.library.register_fake("fa3::quantize_fp8")(_quantize_fake)
     torch.library.register_fake("fa3::fwd")(_fwd_fake)
     torch.library.register_fake("fa3::bwd")(_bwd_fake)
     torch.library.register_fake("fa3::combine")(_combine_fake)

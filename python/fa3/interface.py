@@ -25,6 +25,7 @@ __all__ = [
     "flash_attn_with_kvcache",
     "flash_attn_combine",
     "get_scheduler_metadata",
+    "quantize_fp8",
 ]
 
 
@@ -60,15 +61,28 @@ def _scale(softmax_scale: Optional[float]) -> float:
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
-                    return_attn_probs=False):
+                    return_attn_probs=False, q_block_descale=None, k_block_descale=None,
+                    v_block_descale=None, q_block_size=128, kv_block_size=128):
     """Attention over [batch, seqlen, heads, head_dim] tensors; differentiable in q, k, v.
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal is bottom-right aligned;
     window_size = (left, right), -1 unbounded. Returns out, or (out, softmax_lse) when
     return_attn_probs (softmax_lse float32 [batch, heads, seqlen_q], not differentiable).
+    float8_e4m3fn q/k/v: q/k/v_descale as FlashAttention-3's (float32 [batch, heads_kv]), and
+    (fa3) block descales float32 [batch, heads, blocks] per q_block_size / kv_block_size tokens,
+    as quantize_fp8 returns them.
     """
     _check_common(qv, attention_chunk)
     wl, wr = _window(window_size)
+    if q_block_descale is not None or k_block_descale is not None or v_block_descale is not None:
+        out, lse = _ops.fwd(
+            q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+            softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
+            softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
+            q_block_descale=q_block_descale, k_block_descale=k_block_descale,
+            v_block_descale=v_block_descale, q_block_size=int(q_block_size),
+            kv_block_size=int(kv_block_size))
+        return (out, lse) if return_attn_probs else out
     # Positional: the call every training step makes, kept lean (keywords cost ~1 us here).
     # (The operator copies a q/k/v whose head dim is not contiguous; scale 0 is fa3's default.)
     out, lse = _ops.fwd(
@@ -103,6 +117,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         window_left=wl, window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
         deterministic=bool(deterministic))
     return (out, lse) if return_attn_probs else out
+
+
+def quantize_fp8(x, block_size=128, hadamard=False, seed=0):
+    """fa3's FP8 quantization of a float16/bfloat16 [batch, seqlen, heads, head_dim] tensor:
+    (float8_e4m3fn tensor, float32 descales [batch, heads, ceil(seqlen / block_size)]), one descale
+    per block of block_size tokens (16, 32, 64 or a multiple of 128). hadamard=True rotates x by a
+    random-sign Walsh-Hadamard matrix first (incoherent processing): quantize q and k with the
+    same seed (the scores are unchanged), v without. One kernel; feed the results to
+    flash_attn_func's q/k/v_block_descale."""
+    return _ops.quantize_fp8(x, int(block_size), bool(hadamard), int(seed))
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,

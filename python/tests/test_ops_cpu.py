@@ -55,6 +55,22 @@ def test_fake_shapes_varlen_and_fp8():
 
 
 @needs_lib
+def test_fp8_block_descales_and_quantize_schemas():
+    fwd = str(torch.ops.fa3.fwd.default._schema)
+    for arg in ("q_block_descale", "k_block_descale", "v_block_descale", "q_block_size", "kv_block_size"):
+        assert arg in fwd
+    x = meta(2, 300, 4, 128)
+    x8, ds = fa3.quantize_fp8(x, 128, hadamard=True)
+    assert x8.dtype == torch.float8_e4m3fn and x8.shape == x.shape
+    assert ds.shape == (2, 4, 3) and ds.dtype == torch.float32
+    out8, _ = fa3.flash_attn_func(x8, x8, x8, q_block_descale=ds, k_block_descale=ds, v_block_descale=ds,
+                                  return_attn_probs=True)
+    assert out8.shape == x.shape and out8.dtype == BF16
+    with pytest.raises(ValueError, match="CUDA"):
+        fa3.quantize_fp8(torch.zeros(1, 16, 1, 64, dtype=BF16))
+
+
+@needs_lib
 def test_autograd_reaches_every_input_and_not_lse():
     q, k, v = meta(2, 17, 8, 64, grad=True), meta(2, 40, 2, 64, grad=True), meta(2, 40, 2, 64, grad=True)
     out, lse = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <string>
 
 #include "src/api/bindings.h"
@@ -11,6 +12,7 @@
 #include "src/api/status.h"
 #include "src/api/validate.h"
 #include "src/attention/combine.h"
+#include "src/fp8/quantize_fp8.h"
 
 namespace fa3 {
 namespace detail {
@@ -61,7 +63,9 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
       {p.out.data, "out.data"},     {p.lse, "lse"},                 {p.cu_seqlens_q, "cu_seqlens_q"},
       {p.cu_seqlens_k, "cu_seqlens_k"}, {p.seqused_q, "seqused_q"}, {p.seqused_k, "seqused_k"},
       {p.page_table, "page_table"}, {p.q_descale, "q_descale"},     {p.k_descale, "k_descale"},
-      {p.v_descale, "v_descale"},   {p.workspace, "workspace"}};
+      {p.v_descale, "v_descale"},   {p.workspace, "workspace"},
+      {p.q_block_descale.data, "q_block_descale.data"}, {p.k_block_descale.data, "k_block_descale.data"},
+      {p.v_block_descale.data, "v_block_descale.data"}};
   for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   return ok();
 }
@@ -88,6 +92,15 @@ Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   FA3_TRY(validate_fwd(p));
   *bytes = 0;  // only the decode path (split-KV, pack-GQA) needs scratch
   return hopper_fwd_workspace_bytes(make_problem(*p), bytes);
+}
+
+Status quantize_impl(const fa3_quantize_params* p, cudaStream_t stream) {
+  FA3_TRY(validate_quantize(p));
+  FA3_TRY(check_device());
+  const std::pair<const void*, const char*> ptrs[] = {
+      {p->in.data, "in.data"}, {p->out.data, "out.data"}, {p->descale, "descale"}, {p->cu_seqlens, "cu_seqlens"}};
+  for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
+  return fp8::launch_quantize(*p, stream);
 }
 
 bool bwd_on_hopper(const FwdProblem& f) { return hopper_bwd_unsupported_reason(f) == nullptr; }
@@ -167,6 +180,8 @@ Status kernel_name(const BwdArgs& args, const char** name) { return detail::bwd_
 Status validate(const BwdArgs& args) { return detail::validate_bwd(&args); }
 Status workspace_size(const BwdArgs& args, size_t* bytes) { return detail::bwd_workspace_impl(&args, bytes); }
 Status combine(const CombineArgs& args, CUstream_st* stream) { return detail::combine_impl(&args, stream); }
+Status quantize_fp8(const QuantizeArgs& args, CUstream_st* stream) { return detail::quantize_impl(&args, stream); }
+Status validate(const QuantizeArgs& args) { return detail::validate_quantize(&args); }
 Status validate(const CombineArgs& args) { return detail::validate_combine(&args); }
 
 const char* dtype_name(DType dtype) {
@@ -183,6 +198,18 @@ const char* dtype_name(DType dtype) {
 
 // ---------------------------------------------------------------- C ABI ----
 using fa3::detail::remember;
+
+namespace {
+// A caller built against the header before the block descales passes FA3_FWD_PARAMS_SIZE_V1: its
+// struct ends before them, so the call reads a copy with none.
+const fa3_fwd_params* current_layout(const fa3_fwd_params* p, fa3_fwd_params& copy) {
+  if (p == nullptr || p->struct_size != FA3_FWD_PARAMS_SIZE_V1) return p;
+  fa3_fwd_params_init(&copy);
+  std::memcpy(&copy, p, FA3_FWD_PARAMS_SIZE_V1);
+  copy.struct_size = sizeof(fa3_fwd_params);
+  return &copy;
+}
+}  // namespace
 
 extern "C" {
 
@@ -203,15 +230,21 @@ void fa3_bwd_params_init(fa3_bwd_params* p) {
   fa3_fwd_params_init(&p->fwd);
 }
 
-fa3_status fa3_fwd_validate(const fa3_fwd_params* p) { return remember(fa3::detail::validate_fwd(p)); }
+fa3_status fa3_fwd_validate(const fa3_fwd_params* p) {
+  fa3_fwd_params copy;
+  return remember(fa3::detail::validate_fwd(current_layout(p, copy)));
+}
 fa3_status fa3_fwd_workspace_size(const fa3_fwd_params* p, size_t* bytes) {
-  return remember(fa3::detail::fwd_workspace_impl(p, bytes));
+  fa3_fwd_params copy;
+  return remember(fa3::detail::fwd_workspace_impl(current_layout(p, copy), bytes));
 }
 fa3_status fa3_forward(const fa3_fwd_params* p, fa3_stream_t stream) {
-  return remember(fa3::detail::forward_impl(p, stream));
+  fa3_fwd_params copy;
+  return remember(fa3::detail::forward_impl(current_layout(p, copy), stream));
 }
 fa3_status fa3_fwd_kernel_name(const fa3_fwd_params* p, const char** name) {
-  return remember(fa3::detail::kernel_name_impl(p, name));
+  fa3_fwd_params copy;
+  return remember(fa3::detail::kernel_name_impl(current_layout(p, copy), name));
 }
 fa3_status fa3_bwd_validate(const fa3_bwd_params* p) { return remember(fa3::detail::validate_bwd(p)); }
 fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* p, size_t* bytes) {
@@ -231,6 +264,16 @@ void fa3_combine_params_init(fa3_combine_params* p) {
 }
 fa3_status fa3_combine(const fa3_combine_params* p, fa3_stream_t stream) {
   return remember(fa3::detail::combine_impl(p, stream));
+}
+void fa3_quantize_params_init(fa3_quantize_params* p) {
+  if (p == nullptr) return;
+  *p = fa3_quantize_params{};
+  p->struct_size = sizeof(fa3_quantize_params);
+  p->in_dtype = FA3_DTYPE_BF16;
+  p->block_size = 128;
+}
+fa3_status fa3_quantize_fp8(const fa3_quantize_params* p, fa3_stream_t stream) {
+  return remember(fa3::detail::quantize_impl(p, stream));
 }
 size_t fa3_fwd_params_size(void) { return sizeof(fa3_fwd_params); }
 size_t fa3_bwd_params_size(void) { return sizeof(fa3_bwd_params); }

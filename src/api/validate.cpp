@@ -284,6 +284,34 @@ Status check_descale(const fa3_fwd_params& p) {
   return ok();
 }
 
+// FP8 block descales (fa3_block_scales): K's and V's blocks hold whole key blocks of the kernels
+// (128 keys and divisors of it), so a key block has one factor (descale.cuh).
+Status check_block_descale(const fa3_fwd_params& p, const fa3_block_scales& b, const char* name, int seqlen,
+                           bool keys) {
+  if (b.data == nullptr) return ok();
+  const std::string n = name;
+  if (p.dtype != FA3_DTYPE_E4M3)
+    return invalid(n + ".data is only used with dtype e4m3; got dtype " + dtype_name(p.dtype));
+  if (reinterpret_cast<uintptr_t>(b.data) % 4 != 0) return invalid(n + ".data must be 4-byte aligned (float32)");
+  if (keys ? (b.block_size < 128 || b.block_size % 128 != 0) : b.block_size < 1)
+    return invalid(n + ".block_size must be " + (keys ? "a positive multiple of 128" : ">= 1") + "; got " +
+                   to_string(b.block_size));
+  const int64_t need = (static_cast<int64_t>(seqlen) + b.block_size - 1) / b.block_size;
+  if (b.num_blocks < need)
+    return invalid(n + ".num_blocks must be >= ceil(" + (keys ? "seqlen_k" : "seqlen_q") + " / block_size) = " +
+                   to_string(need) + "; got " + to_string(b.num_blocks));
+  if (b.batch_stride < 0) return invalid(n + ".batch_stride must be >= 0; got " + to_string(b.batch_stride));
+  if (b.head_stride < 0) return invalid(n + ".head_stride must be >= 0; got " + to_string(b.head_stride));
+  return ok();
+}
+
+Status check_block_descales(const fa3_fwd_params& p) {
+  FA3_TRY(check_block_descale(p, p.q_block_descale, "q_block_descale", p.seqlen_q, false));
+  FA3_TRY(check_block_descale(p, p.k_block_descale, "k_block_descale", p.seqlen_k, true));
+  FA3_TRY(check_block_descale(p, p.v_block_descale, "v_block_descale", p.seqlen_k, true));
+  return ok();
+}
+
 Status check_splits(const fa3_fwd_params& p) {
   if (p.num_splits < 0)
     return invalid("num_splits must be >= 0 (0 = automatic, 1 = no split); got " + to_string(p.num_splits));
@@ -331,8 +359,52 @@ Status validate_fwd(const fa3_fwd_params* p) {
   FA3_TRY(check_mask(*p));
   FA3_TRY(check_paged(*p));
   FA3_TRY(check_descale(*p));
+  FA3_TRY(check_block_descales(*p));
   FA3_TRY(check_splits(*p));
   FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
+  return ok();
+}
+
+// fa3_quantize_fp8: 16-byte loads of 8 columns (head_dim a multiple of 8), a CTA per 128 rows or
+// per block (quantize_fp8.cu).
+Status validate_quantize(const fa3_quantize_params* p) {
+  if (p == nullptr) return invalid("params must not be NULL");
+  FA3_TRY(check_struct_size(p->struct_size, sizeof(fa3_quantize_params), "fa3_quantize_params_init"));
+  if (p->in_dtype != FA3_DTYPE_FP16 && p->in_dtype != FA3_DTYPE_BF16)
+    return invalid("in_dtype must be FA3_DTYPE_FP16 or FA3_DTYPE_BF16; got " + std::string(dtype_name(p->in_dtype)));
+  FA3_TRY(check_positive("batch", p->batch));
+  FA3_TRY(check_positive("heads", p->heads));
+  if (p->batch > 65535) return invalid("batch must be <= 65535; got " + to_string(p->batch));
+  if (p->heads > 65535) return invalid("heads must be <= 65535; got " + to_string(p->heads));
+  if (p->seqlen < 0) return invalid("seqlen must be >= 0; got " + to_string(p->seqlen));
+  if (p->head_dim < 8 || p->head_dim > 256 || p->head_dim % 8 != 0)
+    return invalid("head_dim must be a multiple of 8 in [8, 256]; got " + to_string(p->head_dim));
+  if (p->hadamard != 0 && p->hadamard != 1) return invalid("hadamard must be 0 or 1; got " + to_string(p->hadamard));
+  if (p->hadamard && (p->head_dim < 16 || (p->head_dim & (p->head_dim - 1)) != 0))
+    return invalid("head_dim must be a power of two >= 16 with hadamard (a Walsh-Hadamard transform); got " +
+                   to_string(p->head_dim));
+  const int bs = p->block_size;
+  if (!(bs == 16 || bs == 32 || bs == 64 || (bs >= 128 && bs % 128 == 0)))
+    return invalid("block_size must be 16, 32, 64 or a positive multiple of 128; got " + to_string(bs));
+  const int64_t ctas = (static_cast<int64_t>(p->seqlen) + std::max(bs, 128) - 1) / std::max(bs, 128) * p->heads;
+  if (ctas > std::numeric_limits<int32_t>::max())
+    return invalid("seqlen x heads is too large: ceil(seqlen / max(block_size, 128)) * heads must be < 2^31; got " +
+                   to_string(ctas));
+  const bool packed = p->cu_seqlens != nullptr;
+  if (packed) FA3_TRY(check_positive("total", p->total));
+  const int64_t rows = packed ? p->total : p->seqlen;
+  FA3_TRY(check_tensor(p->in, TensorSpec{"in", p->in_dtype, packed, p->batch, rows, p->heads, p->head_dim,
+                                         packed ? "total" : "seqlen", "heads", "head_dim"},
+                       false));
+  FA3_TRY(check_tensor(p->out, TensorSpec{"out", FA3_DTYPE_E4M3, packed, p->batch, rows, p->heads, p->head_dim,
+                                          packed ? "total" : "seqlen", "heads", "head_dim"},
+                       true));
+  if (p->descale == nullptr) return invalid("descale must not be NULL (the block descales are written there)");
+  if (!aligned(p->descale, 4)) return invalid("descale must be 4-byte aligned (float32)");
+  if (p->descale_batch_stride < 0)
+    return invalid("descale_batch_stride must be >= 0; got " + to_string(p->descale_batch_stride));
+  if (p->descale_head_stride < 0)
+    return invalid("descale_head_stride must be >= 0; got " + to_string(p->descale_head_stride));
   return ok();
 }
 

@@ -8,5 +8,6 @@ namespace fa3::detail {
 Status validate_fwd(const fa3_fwd_params* p);
 Status validate_bwd(const fa3_bwd_params* p);
 Status validate_combine(const fa3_combine_params* p);
+Status validate_quantize(const fa3_quantize_params* p);
 
 }  // namespace fa3::detail

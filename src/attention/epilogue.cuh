@@ -65,7 +65,9 @@ struct Epilogue {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
     if constexpr (kFp8) {
-      const float dv = output_descale<true>(p, w.batch, w.head);
+      float dv;
+      if constexpr (Cfg::kBlockDescales) dv = softmax.o_factor();  // and V's block factor (descale.cuh)
+      else dv = output_descale<true>(p, w.batch, w.head);
       inv[0] *= dv;
       inv[1] *= dv;
     }

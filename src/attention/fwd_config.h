@@ -30,6 +30,7 @@ struct TileConfig {
   static constexpr bool kOInKV = kOInKV_;
   static constexpr int kSchedule = kSched;
   static constexpr int kOperandBytes = 2;  // Q/K/V elements: 16-bit (FwdFp8Config: e4m3)
+  static constexpr bool kBlockDescales = false;  // e4m3: WithBlockDescales
 };
 // A tile with other schedule flags (the benchmark's ablation).
 template <class Cfg, int kSched>
@@ -163,6 +164,13 @@ template <>
 struct FwdFp8Config<128, true> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
 template <bool kMasked>
 struct FwdFp8Config<256, kMasked> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
+// An FP8 tile whose softmax takes block descales (descale.cuh's Fp8Softmax): problems that pass
+// any of fa3_fwd_params' q/k/v_block_descale.
+template <class Cfg>
+struct WithBlockDescales : Cfg {
+  static_assert(Cfg::kOperandBytes == 1, "block descales are for e4m3 operands");
+  static constexpr bool kBlockDescales = true;
+};
 constexpr int fp8_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }
 
 constexpr int split_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }

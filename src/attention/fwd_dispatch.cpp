@@ -6,14 +6,15 @@
 //  - the decode kernel (FwdSplitConfig, FwdFeatures<true, false, true, true>) per dtype at d64,
 //    d128 and d256, for the problems split_plan() sends there (split_plan.h: decodes, explicit
 //    splits); its splits need the workspace, one split none;
-//  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen; no
-//    softcap, and no decode path (num_splits has no effect: every problem takes the one kernel).
+//  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen, each
+//    with and without block descales (WithBlockDescales); no softcap, and no decode path (num_splits has no effect: every problem takes the one kernel).
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <type_traits>
 
 #include "src/api/dispatch.h"
 #include "src/attention/bshd_map.h"
@@ -162,24 +163,36 @@ Status by_split_head_dim(const FwdProblem& f, const Op& op) {
   }
 }
 
-// e4m3 operands: the FP8 tiles (fwd_config.h), by padded head dim, mask and varlen.
-template <class Feat, class Op>
+// e4m3 operands: the FP8 tiles (fwd_config.h), by padded head dim, block descales, mask and varlen.
+template <int kDim, bool kMasked, bool kBlock>
+using Fp8Tile = std::conditional_t<kBlock, attn::WithBlockDescales<attn::FwdFp8Config<kDim, kMasked>>,
+                                   attn::FwdFp8Config<kDim, kMasked>>;
+template <class Feat, bool kBlock, class Op>
 Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   switch (attn::fp8_head_dim(
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)))) {
-    case 64: return op.template run<FA3_DTYPE_E4M3, attn::FwdFp8Config<64, Feat::kMasked>, Feat>(f, "d64");
-    case 128: return op.template run<FA3_DTYPE_E4M3, attn::FwdFp8Config<128, Feat::kMasked>, Feat>(f, "d128");
-    default: return op.template run<FA3_DTYPE_E4M3, attn::FwdFp8Config<256, Feat::kMasked>, Feat>(f, "d256");
+    case 64:
+      return op.template run<FA3_DTYPE_E4M3, Fp8Tile<64, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d64blk" : "d64");
+    case 128:
+      return op.template run<FA3_DTYPE_E4M3, Fp8Tile<128, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d128blk" : "d128");
+    default:
+      return op.template run<FA3_DTYPE_E4M3, Fp8Tile<256, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d256blk" : "d256");
   }
+}
+template <bool kBlock, class Op>
+Status by_fp8_features(const FwdProblem& f, const Op& op) {
+  const bool varlen = f.varlen_q || f.varlen_k;
+  if (f.has_mask())
+    return varlen ? by_fp8_head_dim<FwdFeatures<true, false, true>, kBlock>(f, op)
+                  : by_fp8_head_dim<FwdFeatures<true, false, false>, kBlock>(f, op);
+  return varlen ? by_fp8_head_dim<FwdFeatures<false, false, true>, kBlock>(f, op)
+                : by_fp8_head_dim<FwdFeatures<false, false, false>, kBlock>(f, op);
 }
 template <class Op>
 Status by_fp8(const FwdProblem& f, const Op& op) {
-  const bool varlen = f.varlen_q || f.varlen_k;
-  if (f.has_mask())
-    return varlen ? by_fp8_head_dim<FwdFeatures<true, false, true>>(f, op)
-                  : by_fp8_head_dim<FwdFeatures<true, false, false>>(f, op);
-  return varlen ? by_fp8_head_dim<FwdFeatures<false, false, true>>(f, op)
-                : by_fp8_head_dim<FwdFeatures<false, false, false>>(f, op);
+  const fa3_fwd_params& p = *f.p;
+  const bool block = p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
+  return block ? by_fp8_features<true>(f, op) : by_fp8_features<false>(f, op);
 }
 
 template <class Op>

@@ -6,6 +6,14 @@
 
 namespace fa3::attn {
 
+// FP8 block descales of one operand (fa3_block_scales): a factor per block of block_size positions
+// of a sequence's head, or none (data null: every factor 1).
+struct BlockDescales {
+  const float* data;
+  int64_t batch_stride, head_stride;
+  int block_size;
+};
+
 struct FwdKernelParams {
   // 4-D maps [batch][heads][rows][head_dim], 128B swizzle; packed varlen tensors are one batch entry
   // of total_q / total_k rows (seqlen_info.cuh gives each sequence's first row).
@@ -60,6 +68,9 @@ struct FwdKernelParams {
   const float* k_descale;
   const float* v_descale;
   int64_t descale_batch_stride, descale_head_stride;
+  // And per block: Q's by query head and position (the row's softmax constant), K's and V's by kv
+  // head and key block (the block's softmax constant; O's unit between key blocks): descale.cuh.
+  BlockDescales q_block, k_block, v_block;
 };
 
 }  // namespace fa3::attn

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "src/attention/block_info.cuh"
+#include "src/attention/descale.cuh"
 #include "src/attention/fwd_config.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/fwd_features.h"
@@ -56,7 +57,8 @@ struct MainloopMma {
   static constexpr bool kExpUnderPv = (kSched & Schedule::kExpUnderPv) != 0;
   static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
   static_assert(!Cfg::kOInKV || (kUseOverlap && !kCrossTile), "O in K/V stages: the overlap schedule's tile ends only");
-  using Softmax = OnlineSoftmax<kN, kLazyRescale>;
+  // Block descales (e4m3): the softmax with per-row scales that applies them (descale.cuh).
+  using Softmax = std::conditional_t<Cfg::kBlockDescales, Fp8Softmax<kN, kLazyRescale>, OnlineSoftmax<kN, kLazyRescale>>;
   // Middle blocks without kExpUnderPv under the lazy rescale: exponentials against the running max
   // first, the row max only where they could exceed 2^8 (OnlineSoftmax::exponentiate_stale).
   static constexpr bool kStaleMax = kLazyRescale && !kExpUnderPv;
@@ -255,6 +257,7 @@ struct MainloopMma {
                                                 Softmax& softmax, int n, int m_block, const Seq& seq) {
     float corr[2];
     pv_width = width;
+    softmax.begin_block(n);
     if (width == kFull) {
       Scores::apply(s, p);
       mask_if_needed(s, n, m_block, seq);
@@ -361,15 +364,22 @@ struct MainloopMma {
   __device__ __forceinline__ void middle_softmax(SFrag& s, PFrag& pa, OFrag& o, Softmax& softmax, int n, int m_block,
                                                  const Seq& seq) {
     float corr[2];
+    softmax.begin_block(n);
     Scores::apply(s, p);
     if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
     bool any_rescale;
     if constexpr (kStaleMax) {
       pv_done<0>(o);  // P is free for the exponentials
-      if (softmax.template exponentiate_stale<Mma>(s, pa)) return;
+      if (softmax.template exponentiate_stale<Mma>(s, pa)) {
+        if constexpr (Softmax::kScalesO)
+          if (softmax.o_ratio != 1.f) rescale(o, {softmax.o_ratio, softmax.o_ratio});
+        return;
+      }
       any_rescale = softmax.update_max(s, corr);  // refused: the full step on S
+      if constexpr (Softmax::kScalesO) any_rescale = softmax.fold_o_ratio(corr, any_rescale);
     } else {
       any_rescale = softmax.update_max(s, corr);
+      if constexpr (Softmax::kScalesO) any_rescale = softmax.fold_o_ratio(corr, any_rescale);
       if constexpr (kExpUnderPv) {
         softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
         // Else ptxas hoists the PV wait above the exponentials (they would not hide under the PV).
@@ -449,8 +459,11 @@ struct MainloopMma {
         issue_step<kQk>(s, q_stage, o, pa);
         s_done<0>(s, false);
         Scores::apply(s, p);
+        softmax.begin_block(n);
         if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
-        if (softmax.update_max(s, corr)) rescale(o, corr);
+        bool any_rescale = softmax.update_max(s, corr);
+        if constexpr (Softmax::kScalesO) any_rescale = softmax.fold_o_ratio(corr, any_rescale);
+        if (any_rescale) rescale(o, corr);
         softmax.exponentiate(s);
         Softmax::template pack<Mma>(s, pa);
       }

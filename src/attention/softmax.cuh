@@ -13,16 +13,25 @@ namespace fa3::attn {
 // kLazy: keep a stale running max until a block's max exceeds it by more than 2^8 (FlashAttention-4's
 // conditional rescaling). Exponentials then reach at most 256 (harmless in fp32 and for bf16/fp16 P),
 // the final 1/sum makes the result exact, and most blocks need no O rescale at all.
-template <int kBlockN, bool kLazy = false>
+// kRowScales: each of the thread's two rows has an exp2 scale of its own, which may change from
+// key block to key block (FP8 block descales: descale.cuh sets them); the running max is in the
+// log2 domain, so a block's scale applies to that block's scores only.
+template <int kBlockN, bool kLazy = false, bool kRowScales = false>
 struct OnlineSoftmax {
   static constexpr float kLazyThreshold = 8.f;  // log2 of the largest tolerated exponential
   static constexpr float kLazyBound = 256.f;     // 2^kLazyThreshold
   static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
-  float row_max[2];  // max(S) * scale_log2 so far, -inf before any visible key
-  float row_sum[2];  // this thread's share of sum(exp2(S * scale_log2 - row_max))
-  float scale_log2;
+  // The mainloop's hooks for block-scaled operands (descale.cuh's Fp8Softmax): none here.
+  static constexpr bool kScalesO = false;
+  __device__ __forceinline__ void begin_block(int) {}
+  float row_max[2];  // max(S * scale) so far (log2 domain), -inf before any visible key
+  float row_sum[2];  // this thread's share of sum(exp2(S * scale - row_max))
+  float scale_log2[kRowScales ? 2 : 1];
+  __device__ __forceinline__ float scale(int h) const { return scale_log2[kRowScales ? h : 0]; }
 
-  __device__ __forceinline__ explicit OnlineSoftmax(float scale) : scale_log2(scale) {
+  __device__ __forceinline__ explicit OnlineSoftmax(float scale) {
+#pragma unroll
+    for (float& x : scale_log2) x = scale;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
   }
@@ -51,7 +60,7 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float block_max = quad_max(mx[h]) * scale_log2;
+      const float block_max = quad_max(mx[h]) * scale(h);
       const bool grow = kLazy ? block_max > row_max[h] + kLazyThreshold : block_max > row_max[h];
       const float m_new = grow ? block_max : row_max[h];
       correction[h] = grow ? hopper::exp2_approx(row_max[h] - m_new) : 1.f;  // exp2(-inf) = 0 on the first block
@@ -61,9 +70,9 @@ struct OnlineSoftmax {
     return __any_sync(0xffffffff, correction[0] != 1.f || correction[1] != 1.f);
   }
 
-  // exp2(score * scale_log2 - max): the scale folded into one FFMA before the MUFU.
-  __device__ __forceinline__ float exp_scaled(float score, float max) const {
-    return hopper::exp2_approx(fmaf(score, scale_log2, -max));
+  // exp2(score * scale - max) for row h: the scale folded into one FFMA before the MUFU.
+  __device__ __forceinline__ float exp_scaled(float score, int h, float max) const {
+    return hopper::exp2_approx(fmaf(score, scale(h), -max));
   }
 
   // S := exp2(S * scale_log2 - row_max) in place (P in fp32), and adds the row sums.  P is packed into
@@ -75,10 +84,10 @@ struct OnlineSoftmax {
     const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
-      s[4 * j + 0] = exp_scaled(s[4 * j + 0], sub0);
-      s[4 * j + 1] = exp_scaled(s[4 * j + 1], sub0);
-      s[4 * j + 2] = exp_scaled(s[4 * j + 2], sub1);
-      s[4 * j + 3] = exp_scaled(s[4 * j + 3], sub1);
+      s[4 * j + 0] = exp_scaled(s[4 * j + 0], 0, sub0);
+      s[4 * j + 1] = exp_scaled(s[4 * j + 1], 0, sub0);
+      s[4 * j + 2] = exp_scaled(s[4 * j + 2], 1, sub1);
+      s[4 * j + 3] = exp_scaled(s[4 * j + 3], 1, sub1);
       row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
       row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
     }
@@ -104,8 +113,8 @@ struct OnlineSoftmax {
       // the k-step form below changed their SASS).
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
-        const float e0 = exp_scaled(s[4 * j + 0], sub0), e1 = exp_scaled(s[4 * j + 1], sub0);
-        const float e2 = exp_scaled(s[4 * j + 2], sub1), e3 = exp_scaled(s[4 * j + 3], sub1);
+        const float e0 = exp_scaled(s[4 * j + 0], 0, sub0), e1 = exp_scaled(s[4 * j + 1], 0, sub0);
+        const float e2 = exp_scaled(s[4 * j + 2], 1, sub1), e3 = exp_scaled(s[4 * j + 3], 1, sub1);
         sum0 += e0 + e1;
         sum1 += e2 + e3;
         p[j >> 1][2 * (j & 1) + 0] = Mma::pack(e0, e1);
@@ -117,10 +126,10 @@ struct OnlineSoftmax {
         float e[kStep];
 #pragma unroll
         for (int j = 0; j < kStep; j += 4) {
-          e[j + 0] = exp_scaled(s[kb * kStep + j + 0], sub0);
-          e[j + 1] = exp_scaled(s[kb * kStep + j + 1], sub0);
-          e[j + 2] = exp_scaled(s[kb * kStep + j + 2], sub1);
-          e[j + 3] = exp_scaled(s[kb * kStep + j + 3], sub1);
+          e[j + 0] = exp_scaled(s[kb * kStep + j + 0], 0, sub0);
+          e[j + 1] = exp_scaled(s[kb * kStep + j + 1], 0, sub0);
+          e[j + 2] = exp_scaled(s[kb * kStep + j + 2], 1, sub1);
+          e[j + 3] = exp_scaled(s[kb * kStep + j + 3], 1, sub1);
           sum0 += e[j + 0] + e[j + 1];
           sum1 += e[j + 2] + e[j + 3];
         }

@@ -1,5 +1,5 @@
 // The reference GPU forward: simple and obviously correct, fp32 throughout, every feature of the
-// API (masks, softcap, GQA, varlen, paged KV, fp8 descales, head_dim_v != head_dim_qk).
+// API (masks, softcap, GQA, varlen, paged KV, fp8 descales and block descales, head_dim_v != head_dim_qk).
 // One warp per query row: lanes split the head dim, a warp-wide sum gives each score, and the
 // online softmax walks the visible keys one at a time.  It is the first path through the API and
 // the oracle that large GPU tests compare the Hopper kernel against; it is not fast.
@@ -49,11 +49,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_fwd_kernel(const O
   const float q_scale = a.q_descale ? a.q_descale[b * a.descale_batch_stride + hk * a.descale_head_stride] : 1.f;
   const float k_scale = a.k_descale ? a.k_descale[b * a.descale_batch_stride + hk * a.descale_head_stride] : 1.f;
   const float v_scale = a.v_descale ? a.v_descale[b * a.descale_batch_stride + hk * a.descale_head_stride] : 1.f;
+  // FP8 block descales (fa3_block_scales): a factor per block of positions in the sequence.
+  auto block_factor = [&](const fa3_block_scales& f, int head, int pos) {
+    return f.data ? f.data[b * f.batch_stride + head * f.head_stride + pos / f.block_size] : 1.f;
+  };
+  const float q_factor = q_scale * block_factor(a.q_block_descale, h, i);
   float qr[kMaxDimPerLane], acc[kMaxDimPerLane];
 #pragma unroll
   for (int c = 0; c < kMaxDimPerLane; ++c) {
     const int d = lane + 32 * c;
-    qr[c] = d < dq ? load_f(q + d) * q_scale : 0.f;
+    qr[c] = d < dq ? load_f(q + d) * q_factor : 0.f;
     acc[c] = 0.f;
   }
 
@@ -74,17 +79,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_fwd_kernel(const O
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffff, part, off);
-    float score = part * k_scale * args.scale;
+    float score = part * (k_scale * block_factor(a.k_block_descale, hk, j)) * args.scale;
     if (a.softcap > 0.f) score = a.softcap * tanhf(score / a.softcap);
     const float m_new = fmaxf(m, score);
     const float corr = expf(m - m_new), pj = expf(score - m_new);
     l = l * corr + pj;
     m = m_new;
     const T* v = static_cast<const T*>(a.v.data) + kv_offset(a, a.v, s, b, j, hk);
+    const float pv = pj * block_factor(a.v_block_descale, hk, j);
 #pragma unroll
     for (int c = 0; c < kMaxDimPerLane; ++c) {
       const int d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < dv ? pj * load_f(v + d) : 0.f);
+      acc[c] = acc[c] * corr + (d < dv ? pv * load_f(v + d) : 0.f);
     }
   }
 

@@ -1,6 +1,7 @@
-// fa3's operators for PyTorch: fa3::fwd, fa3::bwd and fa3::combine, registered with the dispatcher through
-// PyTorch's stable ABI (torch/csrc/stable), so that one build serves every torch >= 2.10 and every
-// Python version (the library is loaded with torch.ops.load_library and needs no Python headers).
+// fa3's operators for PyTorch: fa3::fwd, fa3::bwd, fa3::combine and fa3::quantize_fp8, registered
+// with the dispatcher through PyTorch's stable ABI (torch/csrc/stable), so that one build serves
+// every torch >= 2.10 and every Python version (the library is loaded with torch.ops.load_library
+// and needs no Python headers).
 //
 // The operators are thin: they read shapes, strides and devices from the tensors, allocate the
 // outputs (and the backward's workspace) through PyTorch's caching allocator, which CUDA graphs
@@ -237,7 +238,9 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                                OptTensor q_descale, OptTensor k_descale, OptTensor v_descale,
                                double softmax_scale, bool causal, int64_t window_left,
                                int64_t window_right, double softcap, int64_t num_splits,
-                               bool /*deterministic: read by the autograd formula's backward*/) {
+                               bool /*deterministic: read by the autograd formula's backward*/,
+                               OptTensor q_block_descale, OptTensor k_block_descale,
+                               OptTensor v_block_descale, int64_t q_block_size, int64_t kv_block_size) {
   q = with_unit_head_stride(q);
   k = with_unit_head_stride(k);
   v = with_unit_head_stride(v);
@@ -272,6 +275,27 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
   a.q_descale = ptrs[0];
   a.k_descale = ptrs[1];
   a.v_descale = ptrs[2];
+  // Block descales: float32 [batch, heads, blocks] (Q's by query head, K's and V's by kv head),
+  // blocks contiguous; fa3 checks the block sizes and counts.
+  const struct {
+    const OptTensor& t;
+    const char* name;
+    int64_t heads, block_size;
+    fa3_block_scales* dst;
+  } blocks[3] = {{q_block_descale, "q_block_descale", a.heads_q, q_block_size, &a.q_block_descale},
+                 {k_block_descale, "k_block_descale", a.heads_kv, kv_block_size, &a.k_block_descale},
+                 {v_block_descale, "v_block_descale", a.heads_kv, kv_block_size, &a.v_block_descale}};
+  for (const auto& b : blocks) {
+    if (!b.t.has_value()) continue;
+    const Tensor& d = b.t.value();
+    check_cuda(d, b.name, p.device);
+    FA3_TORCH_CHECK(d.scalar_type() == ScalarType::Float && d.dim() == 3 && d.size(0) == a.batch &&
+                        d.size(1) == b.heads && (d.size(2) <= 1 || d.stride(2) == 1),
+                    b.name, ": expected float32 [batch, heads, blocks] = [", a.batch, ", ", b.heads,
+                    ", blocks] with contiguous blocks");
+    *b.dst = fa3_block_scales{static_cast<const float*>(d.const_data_ptr()), d.stride(0), d.stride(1),
+                              static_cast<int32_t>(b.block_size), static_cast<int32_t>(d.size(2))};
+  }
   a.num_splits = static_cast<int32_t>(num_splits);
 
   // Outputs: O with q's leading shape and head_dim_v (contiguous), LSE [b, h, s] or [h, total_q].
@@ -406,6 +430,38 @@ std::tuple<Tensor, Tensor> combine(Tensor out_partial, Tensor lse_partial, int64
   return {out, lse};
 }
 
+// fa3_quantize_fp8: x [b, s, h, d] fp16/bf16 -> (e4m3 [b, s, h, d], float32 descales [b, h, blocks]).
+std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, int64_t block_size, bool hadamard, int64_t seed) {
+  FA3_TORCH_CHECK(x.dim() == 4, "quantize_fp8: x: expected [batch, seqlen, heads, head_dim], got rank ", x.dim());
+  FA3_TORCH_CHECK(x.scalar_type() == ScalarType::Half || x.scalar_type() == ScalarType::BFloat16,
+                  "quantize_fp8: x: expected float16 or bfloat16, got ", dtype_str(x.scalar_type()));
+  FA3_TORCH_CHECK(block_size >= 1, "quantize_fp8: block_size: expected >= 1, got ", block_size);
+  const int32_t device = x.get_device_index();
+  check_cuda(x, "x", device);
+  x = with_unit_head_stride(x);
+  const auto guard = device_guard(device);
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
+  const int64_t blocks = (s + block_size - 1) / block_size;
+  Tensor out = new_cuda_tensor({b, s, h, d}, aoti_torch_dtype_float8_e4m3fn(), device);
+  Tensor descale = new_cuda_tensor({b, h, blocks}, aoti_torch_dtype_float32(), device);
+  fa3::QuantizeArgs q;
+  q.in_dtype = x.scalar_type() == ScalarType::Half ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+  q.batch = static_cast<int32_t>(b);
+  q.seqlen = static_cast<int32_t>(s);
+  q.heads = static_cast<int32_t>(h);
+  q.head_dim = static_cast<int32_t>(d);
+  q.in = fa3_tensor{const_cast<void*>(x.const_data_ptr()), x.stride(0), x.stride(1), x.stride(2)};
+  q.out = fa3_tensor{out.mutable_data_ptr(), s * h * d, h * d, d};
+  q.descale = static_cast<float*>(descale.mutable_data_ptr());
+  q.descale_batch_stride = h * blocks;
+  q.descale_head_stride = blocks;
+  q.block_size = static_cast<int32_t>(block_size);
+  q.hadamard = hadamard ? 1 : 0;
+  q.seed = static_cast<uint64_t>(seed);
+  throw_if_failed(fa3::quantize_fp8(q, static_cast<cudaStream_t>(current_stream(device))), "quantize_fp8");
+  return {out, descale};
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(fa3, m) {
@@ -413,18 +469,22 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? seqused_q=None, Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, "
         "Tensor? page_table=None, Tensor? q_descale=None, Tensor? k_descale=None, "
         "Tensor? v_descale=None, float softmax_scale=0.0, bool causal=False, int window_left=-1, "
-        "int window_right=-1, float softcap=0.0, int num_splits=1, bool deterministic=False) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "int window_right=-1, float softcap=0.0, int num_splits=1, bool deterministic=False, "
+        "Tensor? q_block_descale=None, Tensor? k_block_descale=None, Tensor? v_block_descale=None, "
+        "int q_block_size=0, int kv_block_size=0) -> (Tensor out, Tensor softmax_lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
         "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
         "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
+  m.def("quantize_fp8(Tensor x, int block_size=128, bool hadamard=False, int seed=0) "
+        "-> (Tensor out, Tensor descale)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fa3, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&fwd));
   m.impl("bwd", TORCH_BOX(&bwd));
   m.impl("combine", TORCH_BOX(&combine));
+  m.impl("quantize_fp8", TORCH_BOX(&quantize_fp8));
 }

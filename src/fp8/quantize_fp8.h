@@ -1,0 +1,18 @@
+// FP8 quantization of attention inputs (fa3_quantize_fp8): 16-bit [batch, seqlen, heads, head_dim]
+// to e4m3 with a descale per block of positions, optionally rotated by a random-sign Hadamard
+// matrix first (FlashAttention-3's incoherent processing). The arithmetic is fp8_format.h's.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "fa3/fa3_c.h"
+#include "src/api/status.h"
+#include "src/fp8/fp8_format.h"
+
+namespace fa3::fp8 {
+
+// One quantization kernel for validated parameters.
+Status launch_quantize(const fa3_quantize_params& p, cudaStream_t stream);
+
+}  // namespace fa3::fp8
