@@ -650,6 +650,13 @@ def extra_softcap(torch, lib, args, l2, dtype, d, causal, seqlen):
     res, out, kname = run_fa3(torch, lib, args, sets, causal, scale, softcap=SOFTCAP)
     record(torch, row, "fa3_softcap", res, out, f, kname)
     dense_check(torch, row, sets[0], {"fa3_softcap": out}, causal, scale, SOFTCAP)
+    plain_fa3_and_cudnn(torch, lib, args, row, sets, causal, scale, f)
+    return row
+
+
+def plain_fa3_and_cudnn(torch, lib, args, row, sets, causal, scale, f):
+    """The rows' reference columns: fa3 and cuDNN on the plain problem (no softcap, 16-bit inputs),
+    timed and checked against float64."""
     res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
     record(torch, row, "fa3", res, out, f, kname)
     plain = {"fa3": out}
@@ -657,7 +664,6 @@ def extra_softcap(torch, lib, args, l2, dtype, d, causal, seqlen):
         res, plain["cudnn"] = run_sdpa(torch, args, "cudnn", sets, causal, scale)
         record(torch, row, "cudnn", res, plain["cudnn"], f)
     dense_check(torch, row, sets[0], plain, causal, scale)
-    return row
 
 
 def extra_hdim192(torch, lib, args, l2, dtype, causal, seqlen):
@@ -786,14 +792,7 @@ def extra_fp8(torch, lib, args, l2, dtype, d, causal, seqlen):
                         seqlen=seqlen, batch=b, heads=h)
     scale, f = 1.0 / math.sqrt(d), attn_flops(b, h, seqlen, seqlen, d, d, causal)
     sets = make_input_sets(torch, shape, dtype, l2)
-    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale)
-    record(torch, row, "fa3", res, out, f, kname)
-    outs = {"fa3": out}
-    if "cudnn" in args.impls:
-        res, outs["cudnn"] = run_sdpa(torch, args, "cudnn", sets, causal, scale)
-        record(torch, row, "cudnn", res, outs["cudnn"], f)
-    dense_check(torch, row, sets[0], outs, causal, scale)
-    del outs
+    plain_fa3_and_cudnn(torch, lib, args, row, sets, causal, scale, f)
     fp8_sets, block_sets = [], []
     for st in sets:
         q8, qb = {}, {}

@@ -619,8 +619,14 @@ class QuantizeValidation : public ::testing::Test {
 
 TEST_F(QuantizeValidation, ValidArgsPass) {
   EXPECT_TRUE(Passes(fa3::validate(q)));
+  fa3::QuantizeArgs heads_outer = q;  // [heads][batch][blocks] is a layout too
+  heads_outer.descale_head_stride = kBatch * 2;
+  heads_outer.descale_batch_stride = 2;
+  EXPECT_TRUE(Passes(fa3::validate(heads_outer)));
   for (int bs : {16, 32, 64, 128, 256, 1280}) {
     q.block_size = bs;
+    q.descale_head_stride = (kSeqK + bs - 1) / bs;  // [batch][heads][blocks]
+    q.descale_batch_stride = kHeadsKv * q.descale_head_stride;
     EXPECT_TRUE(Passes(fa3::validate(q))) << bs;
   }
 }
@@ -639,6 +645,8 @@ TEST_F(QuantizeValidation, BadArguments) {
   expect([](auto& b) { b.hadamard = 2; }, "hadamard");
   expect([](auto& b) { b.descale = nullptr; }, "descale must not be NULL");
   expect([](auto& b) { b.descale_head_stride = -1; }, "descale_head_stride");
+  expect([](auto& b) { b.descale_head_stride = 1; }, "descale strides make (sequence, head) slots overlap");
+  expect([](auto& b) { b.descale_batch_stride = 2; }, "descale strides make (sequence, head) slots overlap");
   expect([](auto& b) { b.in.data = offset_bytes(b.in.data, 8); }, "in.data");
   expect([](auto& b) { b.out.row_stride = 8; }, "out.row_stride");
   expect([](auto& b) { b.out.row_stride = b.out.head_stride = 16; }, "out strides make elements overlap");

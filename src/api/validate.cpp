@@ -292,7 +292,7 @@ Status check_block_descale(const fa3_fwd_params& p, const fa3_block_scales& b, c
   const std::string n = name;
   if (p.dtype != FA3_DTYPE_E4M3)
     return invalid(n + ".data is only used with dtype e4m3; got dtype " + dtype_name(p.dtype));
-  if (reinterpret_cast<uintptr_t>(b.data) % 4 != 0) return invalid(n + ".data must be 4-byte aligned (float32)");
+  if (!aligned(b.data, 4)) return invalid(n + ".data must be 4-byte aligned (float32)");
   if (keys ? (b.block_size < 128 || b.block_size % 128 != 0) : b.block_size < 1)
     return invalid(n + ".block_size must be " + (keys ? "a positive multiple of 128" : ">= 1") + "; got " +
                    to_string(b.block_size));
@@ -374,8 +374,7 @@ Status validate_quantize(const fa3_quantize_params* p) {
     return invalid("in_dtype must be FA3_DTYPE_FP16 or FA3_DTYPE_BF16; got " + std::string(dtype_name(p->in_dtype)));
   FA3_TRY(check_positive("batch", p->batch));
   FA3_TRY(check_positive("heads", p->heads));
-  if (p->batch > 65535) return invalid("batch must be <= 65535; got " + to_string(p->batch));
-  if (p->heads > 65535) return invalid("heads must be <= 65535; got " + to_string(p->heads));
+  if (p->batch > 65535) return invalid("batch must be <= 65535 (the grid's y extent); got " + to_string(p->batch));
   if (p->seqlen < 0) return invalid("seqlen must be >= 0; got " + to_string(p->seqlen));
   if (p->head_dim < 8 || p->head_dim > 256 || p->head_dim % 8 != 0)
     return invalid("head_dim must be a multiple of 8 in [8, 256]; got " + to_string(p->head_dim));
@@ -405,6 +404,15 @@ Status validate_quantize(const fa3_quantize_params* p) {
     return invalid("descale_batch_stride must be >= 0; got " + to_string(p->descale_batch_stride));
   if (p->descale_head_stride < 0)
     return invalid("descale_head_stride must be >= 0; got " + to_string(p->descale_head_stride));
+  // An output: no two (sequence, head) pairs may share descale slots.
+  const int64_t blocks = (static_cast<int64_t>(p->seqlen) + bs - 1) / bs;
+  const int64_t hs = p->descale_head_stride, bst = p->descale_batch_stride;
+  const bool heads_apart = p->heads == 1 || hs >= blocks, batches_apart = p->batch == 1 || bst >= blocks;
+  const bool nested = p->heads == 1 || p->batch == 1 || bst >= span(hs, p->heads) || hs >= span(bst, p->batch);
+  if (blocks > 0 && !(heads_apart && batches_apart && nested))
+    return invalid("descale strides make (sequence, head) slots overlap: each holds ceil(seqlen / block_size) = " +
+                   to_string(blocks) + " floats; got descale_batch_stride " + to_string(bst) +
+                   ", descale_head_stride " + to_string(hs));
   return ok();
 }
 

@@ -82,14 +82,14 @@ struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kRowScales=*/true> {
                                         int seqlen_q, int first_block)
       : Base(softmax_scale_log2<true>(p, batch, head_q)) {
     const int kv_head = head_q / p.head_ratio;
-    const BlockDescales& q = p.q_block;
+    const fa3_block_scales& q = p.q_block;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool in = q.data != nullptr && rows[h] < seqlen_q;
       row_base[h] = this->scale_log2[h] *
                     (in ? q.data[batch * q.batch_stride + head_q * q.head_stride + rows[h] / q.block_size] : 1.f);
     }
-    auto factors = [&](const BlockDescales& b) {
+    auto factors = [&](const fa3_block_scales& b) {
       return Factors{b.data ? b.data + batch * b.batch_stride + kv_head * b.head_stride : nullptr,
                      b.block_size / kBlockN};
     };

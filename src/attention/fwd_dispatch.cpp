@@ -7,7 +7,8 @@
 //    d128 and d256, for the problems split_plan() sends there (split_plan.h: decodes, explicit
 //    splits); its splits need the workspace, one split none;
 //  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen, each
-//    with and without block descales (WithBlockDescales); no softcap, and no decode path (num_splits has no effect: every problem takes the one kernel).
+//    with and without block descales (WithBlockDescales); no softcap, and no decode path
+//    (num_splits has no effect: every problem takes the one kernel).
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
@@ -165,18 +166,18 @@ Status by_split_head_dim(const FwdProblem& f, const Op& op) {
 
 // e4m3 operands: the FP8 tiles (fwd_config.h), by padded head dim, block descales, mask and varlen.
 template <int kDim, bool kMasked, bool kBlock>
-using Fp8Tile = std::conditional_t<kBlock, attn::WithBlockDescales<attn::FwdFp8Config<kDim, kMasked>>,
+using Fp8TileOf = std::conditional_t<kBlock, attn::WithBlockDescales<attn::FwdFp8Config<kDim, kMasked>>,
                                    attn::FwdFp8Config<kDim, kMasked>>;
 template <class Feat, bool kBlock, class Op>
 Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   switch (attn::fp8_head_dim(
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)))) {
     case 64:
-      return op.template run<FA3_DTYPE_E4M3, Fp8Tile<64, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d64blk" : "d64");
+      return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d64blk" : "d64");
     case 128:
-      return op.template run<FA3_DTYPE_E4M3, Fp8Tile<128, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d128blk" : "d128");
+      return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<128, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d128blk" : "d128");
     default:
-      return op.template run<FA3_DTYPE_E4M3, Fp8Tile<256, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d256blk" : "d256");
+      return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d256blk" : "d256");
   }
 }
 template <bool kBlock, class Op>

@@ -93,12 +93,9 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     p.v_descale = a.v_descale;
     p.descale_batch_stride = a.descale_batch_stride;
     p.descale_head_stride = a.descale_head_stride;
-    auto block = [](const fa3_block_scales& b) {
-      return BlockDescales{b.data, b.batch_stride, b.head_stride, b.block_size};
-    };
-    p.q_block = block(a.q_block_descale);
-    p.k_block = block(a.k_block_descale);
-    p.v_block = block(a.v_block_descale);
+    p.q_block = a.q_block_descale;
+    p.k_block = a.k_block_descale;
+    p.v_block = a.v_block_descale;
   }
 
   auto kernel = fwd_kernel<Elem, Cfg, Feat>;

@@ -4,15 +4,9 @@
 
 #include <cstdint>
 
-namespace fa3::attn {
+#include "fa3/fa3_c.h"
 
-// FP8 block descales of one operand (fa3_block_scales): a factor per block of block_size positions
-// of a sequence's head, or none (data null: every factor 1).
-struct BlockDescales {
-  const float* data;
-  int64_t batch_stride, head_stride;
-  int block_size;
-};
+namespace fa3::attn {
 
 struct FwdKernelParams {
   // 4-D maps [batch][heads][rows][head_dim], 128B swizzle; packed varlen tensors are one batch entry
@@ -68,9 +62,10 @@ struct FwdKernelParams {
   const float* k_descale;
   const float* v_descale;
   int64_t descale_batch_stride, descale_head_stride;
-  // And per block: Q's by query head and position (the row's softmax constant), K's and V's by kv
-  // head and key block (the block's softmax constant; O's unit between key blocks): descale.cuh.
-  BlockDescales q_block, k_block, v_block;
+  // And the API's block descales (fa3_block_scales; data null: none): Q's by query head and
+  // position (the row's softmax constant), K's and V's by kv head and key block (the block's
+  // softmax constant; O's unit between key blocks): descale.cuh.
+  fa3_block_scales q_block, k_block, v_block;
 };
 
 }  // namespace fa3::attn

@@ -39,8 +39,13 @@ __device__ __forceinline__ void to_float8(const uint4& raw, float (&x)[8]) {
   }
 }
 
+// CTAs per SM each lane width is built for: its registers (128 / 80 / 48 / 40), and no spills
+// (left to itself ptxas chose those counts with 16-48 bytes of spills at d128 and d256).
+template <int kLanes>
+constexpr int kMinCtasPerSm = kLanes == 32 ? 2 : kLanes == 16 ? 3 : kLanes == 8 ? 5 : 6;
+
 template <class T, int kLanes>
-__global__ void __launch_bounds__(kWarps * 32) quantize_kernel(const fa3_quantize_params p) {
+__global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes>) quantize_kernel(const fa3_quantize_params p) {
   constexpr int kRowsPerStep = 32 / kLanes;  // rows a warp holds per register set
   constexpr int kSteps = 16 / kRowsPerStep;  // register sets: the warp's 16 rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

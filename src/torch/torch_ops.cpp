@@ -432,13 +432,12 @@ std::tuple<Tensor, Tensor> combine(Tensor out_partial, Tensor lse_partial, int64
 
 // fa3_quantize_fp8: x [b, s, h, d] fp16/bf16 -> (e4m3 [b, s, h, d], float32 descales [b, h, blocks]).
 std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, int64_t block_size, bool hadamard, int64_t seed) {
-  FA3_TORCH_CHECK(x.dim() == 4, "quantize_fp8: x: expected [batch, seqlen, heads, head_dim], got rank ", x.dim());
   FA3_TORCH_CHECK(x.scalar_type() == ScalarType::Half || x.scalar_type() == ScalarType::BFloat16,
                   "quantize_fp8: x: expected float16 or bfloat16, got ", dtype_str(x.scalar_type()));
   FA3_TORCH_CHECK(block_size >= 1, "quantize_fp8: block_size: expected >= 1, got ", block_size);
   const int32_t device = x.get_device_index();
-  check_cuda(x, "x", device);
   x = with_unit_head_stride(x);
+  const fa3_tensor in = view_of(x, "x", /*packed=*/false, device);
   const auto guard = device_guard(device);
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
   const int64_t blocks = (s + block_size - 1) / block_size;
@@ -450,8 +449,8 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, int64_t block_size, bool hadam
   q.seqlen = static_cast<int32_t>(s);
   q.heads = static_cast<int32_t>(h);
   q.head_dim = static_cast<int32_t>(d);
-  q.in = fa3_tensor{const_cast<void*>(x.const_data_ptr()), x.stride(0), x.stride(1), x.stride(2)};
-  q.out = fa3_tensor{out.mutable_data_ptr(), s * h * d, h * d, d};
+  q.in = in;
+  q.out = view_of(out, "out", /*packed=*/false, device);
   q.descale = static_cast<float*>(descale.mutable_data_ptr());
   q.descale_batch_stride = h * blocks;
   q.descale_head_stride = blocks;
