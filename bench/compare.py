@@ -14,8 +14,8 @@ a float64 reference.  The run exits non-zero when fa3 is off by more than 1e-2 t
 
 Extra rows (opt-in, their own tables after the sweep, key "extras" of the JSON): softcap 30 (fa3 with
 vs without), head dims 192/128 (fa3 vs fa3 at 192/192, cuDNN/FA2 where SDPA takes d_v != d_qk) and
-varlen (16 random lengths 256..4096: fa3 vs FA2's varlen kernel and vs fa3 dense at the mean length).
-Each fa3 output there is checked against float64; their FLOPs count the visible (query, key) pairs
+varlen (16 random lengths 256..4096: fa3 vs FA2's varlen kernel and vs fa3 dense at the mean length),
+paged KV, FP8, attention sinks (fa3 with vs without). Each fa3 output there is checked against float64; their FLOPs count the visible (query, key) pairs
 exactly: 2*pairs*(d_qk + d_v).
 
 Timing: CUDA events around each call, inputs rotated over several sets (> 4x L2 together) so
@@ -50,7 +50,7 @@ COLORS = {"fa3": "C3", "cudnn": "C0", "flash": "C1"}  # the same colour in every
 ERRORS = (RuntimeError, fa3_ctypes.Fa3Error, ValueError)  # a refusal or failure of one implementation
 
 # Extra rows (--extras): fixed shapes, 16k tokens and hidden 2048 as the sweep unless said otherwise.
-EXTRA_SECTIONS = ("softcap", "hdim192", "varlen", "paged", "fp8")
+EXTRA_SECTIONS = ("softcap", "hdim192", "varlen", "paged", "fp8", "sinks")
 FP8_HDIMS = (64, 128, 256)
 # fa3's e4m3 forward vs float64 on the bf16 values it was quantized from (the inputs' quantization
 # included: 4.8-5.7e-2 on the sweep's N(0, 1) inputs, 2026-12-01)
@@ -101,7 +101,7 @@ def parse_args(argv=None):
                          "docs/anchors.md); events: back-to-back calls, CUDA events around each")
     ap.add_argument("--quick", action="store_true", help="seqlens 1k,4k,16k and head dims 64,128,256 only")
     ap.add_argument("--extras", nargs="?", const=",".join(EXTRA_SECTIONS), default=None, metavar="LIST",
-                    help="after the sweep, run the extra rows: softcap, hdim192, varlen, paged (default: all); "
+                    help="after the sweep, run the extra rows: softcap, hdim192, varlen, paged, fp8, sinks (default: all); "
                          "they honour --causal, --dtype, --tokens, --hidden, --timer and --impls (peers)")
     ap.add_argument("--only-extras", nargs="?", const=",".join(EXTRA_SECTIONS), default=None, metavar="LIST",
                     help="run the extra rows only, no sweep (LIST as for --extras)")
@@ -296,10 +296,11 @@ def has_nan(torch, t):
     return bool(torch.isnan(t).any().item())
 
 
-def attention_fp64(torch, q, k, v, causal, scale, softcap=0.0, chunk=1024):
+def attention_fp64(torch, q, k, v, causal, scale, softcap=0.0, chunk=1024, sinks=None):
     """Plain softmax(scale QK^T) V in float64 on [s, h, d] slices, query rows in chunks so that the
     scores of a 16k sequence never sit in memory whole.  Causal is bottom-right aligned, like fa3;
-    softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap) before the mask."""
+    softcap > 0 maps the scaled scores s to softcap * tanh(s / softcap) before the mask; sinks [h]:
+    one more logit per row, without a value."""
     q, k, v = (t.double().transpose(0, 1) for t in (q, k, v))  # [h, s, d]
     sq, sk = q.shape[1], k.shape[1]
     out = torch.empty(q.shape[0], sq, v.shape[2], dtype=torch.float64, device=q.device)
@@ -312,14 +313,18 @@ def attention_fp64(torch, q, k, v, causal, scale, softcap=0.0, chunk=1024):
         if causal:
             rows = torch.arange(i0, i1, device=q.device)[:, None] + (sk - sq)
             s.masked_fill_(cols[None, :] > rows, float("-inf"))
+        if sinks is not None:
+            sink = sinks.double()[:, None, None].expand(-1, i1 - i0, 1)
+            out[:, i0:i1] = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1] @ v
+            continue
         out[:, i0:i1] = torch.softmax(s, dim=-1) @ v
     return out.transpose(0, 1)
 
 
-def reference_check(torch, kept, causal, scale, softcap=0.0):
+def reference_check(torch, kept, causal, scale, softcap=0.0, sinks=None):
     """Every implementation's slice vs float64: fa3's number decides, the others give the scale."""
     q, k, v = kept["inputs"]
-    ref = attention_fp64(torch, q, k, v, causal, scale, softcap)
+    ref = attention_fp64(torch, q, k, v, causal, scale, softcap, sinks=sinks)
     return {impl: rel_err(torch, o, ref) for impl, o in kept["outs"].items()}
 
 
@@ -538,6 +543,12 @@ EXTRA_SPECS = {
         "ratios": (("fa3_fp8", "fa3", None, "fp8/bf16"), ("fa3_fp8", "cudnn", None, "fp8/cuDNN"),
                    ("fa3_fp8_block", "fa3_fp8", 0.97, "blk/head")),
     },
+    "sinks": {
+        "title": "attention sinks (gpt-oss: a logit per head joining each row's softmax sum, here "
+                 "linspace(-2, 4)): fa3 with vs without on the same inputs and FLOPs",
+        "columns": (("fa3_sinks", "fa3+sink"), ("fa3", "fa3"), ("cudnn", "cuDNN")),
+        "ratios": (("fa3_sinks", "fa3", 0.98, "sink/plain"),),
+    },
     "paged": {
         "title": f"paged KV cache (pages of {' and '.join(map(str, PAGE_SIZES))} rows, shuffled; the same keys and "
                  "values): fa3 paged vs fa3 on contiguous K/V",
@@ -551,7 +562,7 @@ EXTRA_LABELS = {
     "cudnn": LABELS["cudnn"], "flash": LABELS["flash"], "cudnn_dense": "cuDNN (SDPA) dense at the mean length",
     "fa2_varlen": "FA2 varlen", "fa3_varlen_eq": "fa3 varlen at equal lengths (the dense batches packed)",
     **{f"fa3_paged{n}": f"fa3 paged, pages of {n}" for n in PAGE_SIZES},
-    "fa3_fp8": "fa3 e4m3",
+    "fa3_fp8": "fa3 e4m3", "fa3_sinks": "fa3 with attention sinks",
     "fa3_fp8_block": "fa3 e4m3, block descales and rotated Q/K (fa3_quantize_fp8)",
 }
 
@@ -595,12 +606,13 @@ def record(torch, row, key, res, out, flops_, kname=None):
         row["nan"][key] = has_nan(torch, out)
 
 
-def dense_check(torch, row, s0, outs, causal, scale, softcap=0.0):
+def dense_check(torch, row, s0, outs, causal, scale, softcap=0.0, sinks=None):
     """float64 check of batch 0, heads 0..REF_HEADS-1 of input set s0; outs: {key: O [b, s, h, d_v] or None}."""
     kept = {"inputs": [s0[n][0, :, :REF_HEADS] for n in ("q", "k", "v")],
             "outs": {key: o[0, :, :REF_HEADS] for key, o in outs.items() if o is not None}}
     if kept["outs"]:
-        row["rel_err_vs_fp64"].update(reference_check(torch, kept, causal, scale, softcap))
+        row["rel_err_vs_fp64"].update(reference_check(torch, kept, causal, scale, softcap,
+                                                      None if sinks is None else sinks[:REF_HEADS]))
 
 
 def varlen_check(torch, row, s0, cu_host, outs, causal, scale, seqs):
@@ -650,6 +662,23 @@ def extra_softcap(torch, lib, args, l2, dtype, d, causal, seqlen):
     res, out, kname = run_fa3(torch, lib, args, sets, causal, scale, softcap=SOFTCAP)
     record(torch, row, "fa3_softcap", res, out, f, kname)
     dense_check(torch, row, sets[0], {"fa3_softcap": out}, causal, scale, SOFTCAP)
+    plain_fa3_and_cudnn(torch, lib, args, row, sets, causal, scale, f)
+    return row
+
+
+def extra_sinks(torch, lib, args, l2, dtype, d, causal, seqlen):
+    """fa3 with attention sinks vs fa3 without on the sweep's shape (the sinks join each row once, after
+    its last key block: the goal is no measurable cost)."""
+    shape = shape_of(args, d, causal, seqlen)
+    b, h = shape["batch"], shape["heads"]
+    row = new_extra_row("sinks", f"d{d} {seqlen // 1024}k{' causal' if causal else ''}", d=d, d_v=d,
+                        causal=causal, seqlen=seqlen, batch=b, heads=h)
+    scale, f = 1.0 / math.sqrt(d), attn_flops(b, h, seqlen, seqlen, d, d, causal)
+    sets = make_input_sets(torch, shape, dtype, l2)
+    sinks = torch.linspace(-2.0, 4.0, h, device="cuda", dtype=torch.float32)
+    res, out, kname = run_fa3(torch, lib, args, sets, causal, scale, sinks=sinks)
+    record(torch, row, "fa3_sinks", res, out, f, kname)
+    dense_check(torch, row, sets[0], {"fa3_sinks": out}, causal, scale, sinks=sinks)
     plain_fa3_and_cudnn(torch, lib, args, row, sets, causal, scale, f)
     return row
 
@@ -832,12 +861,12 @@ def extra_fp8(torch, lib, args, l2, dtype, d, causal, seqlen):
 
 
 EXTRA_RUNNERS = {"softcap": extra_softcap, "hdim192": extra_hdim192, "varlen": extra_varlen, "paged": extra_paged,
-                 "fp8": extra_fp8}
+                 "fp8": extra_fp8, "sinks": extra_sinks}
 
 
 def extra_cases(section, args):
     """The argument tuples of one section's rows (after torch, lib, args, l2, dtype), in print order."""
-    if section == "softcap":
+    if section in ("softcap", "sinks"):
         return [(d, c, s) for d in SOFTCAP_HDIMS for c in args.causals for s in EXTRA_SEQLENS]
     if section == "hdim192":
         return [(c, s) for c in args.causals for s in EXTRA_SEQLENS]

@@ -108,6 +108,7 @@ class FwdParams(ctypes.Structure):
         ("q_block_descale", BlockScales),
         ("k_block_descale", BlockScales),
         ("v_block_descale", BlockScales),
+        ("sinks", c_void_p),  # float32 [heads_q] attention-sink logits, or None
     ]
 
 
@@ -145,6 +146,7 @@ class BwdParams(ctypes.Structure):
         ("deterministic", c_int32),
         ("workspace", c_void_p),
         ("workspace_bytes", c_size_t),
+        ("dsinks", c_void_p),  # float32 [heads_q]: the sinks' gradient, or None
     ]
 
 
@@ -279,7 +281,7 @@ def _max_seqlen(cu_seqlens):
 def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, *,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                page_table=None, num_splits=None, q_descale=None, k_descale=None, v_descale=None,
-               block_descales=None):
+               block_descales=None, sinks=None):
     """Fills fa3_fwd_params from torch tensors in BSHD layout.
 
     Fixed length: q/out [b, s_q, h_q, d_qk / d_v], k/v [b, s_k, h_kv, d_qk / d_v] (d_v may differ
@@ -294,6 +296,7 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     (FlashAttention-3's descales; one layout, the strides of q_descale's).
     block_descales (e4m3): {"q" / "k" / "v": (float32 [b, h, blocks] tensor, block_size)}, the block
     descales fa3_quantize_fp8 writes (quantize_fp8 below returns them in this form).
+    sinks: float32 [h_q] attention-sink logits (contiguous), or None.
     num_splits (split-KV): None keeps the library's default (0 = automatic), 1 = no split, > 1 = that
     many key splits; it is set before the workspace query, whose size depends on it.
 
@@ -339,6 +342,11 @@ def fwd_params(lib, q, k, v, out, lse=None, causal=False, softmax_scale=None, wi
     if seqused_k is not None:
         p.seqused_k = _int32_vector(seqused_k, "seqused_k")
         keep.append(seqused_k)
+    if sinks is not None:
+        if sinks.dtype != torch.float32 or sinks.dim() != 1 or not sinks.is_contiguous():
+            raise ValueError("fa3_ctypes: sinks must be a contiguous float32 [heads_q] tensor")
+        p.sinks = sinks.data_ptr()
+        keep.append(sinks)
     if lse is not None:
         if lse.dtype != torch.float32 or not lse.is_contiguous():
             raise ValueError("fa3_ctypes: lse must be a contiguous float32 tensor [batch, heads_q, seqlen_q] "

@@ -134,6 +134,9 @@ void validate(const Problem& p, const Inputs& in) {
   require(p.window_left >= -1 && p.window_right >= -1, "window_left/right must be >= -1");
   require(std::isfinite(p.softmax_scale), "softmax_scale must be finite");
   require(std::isfinite(p.softcap) && p.softcap >= 0, "softcap must be finite and >= 0");
+  require(p.sinks.empty() || static_cast<int>(p.sinks.size()) == p.heads_q,
+          "sinks must be empty or hold heads_q (" + std::to_string(p.heads_q) + ") logits; got " +
+              std::to_string(p.sinks.size()));
   check_tensor(in.q, "q", p.batch, p.seqlen_q, "seqlen_q", p.heads_q, "heads_q", p.head_dim_qk,
                "head_dim_qk");
   check_tensor(in.k, "k", p.batch, p.seqlen_k, "seqlen_k", p.heads_kv, "heads_kv", p.head_dim_qk,
@@ -158,9 +161,11 @@ FwdResult forward(const Problem& p, const Inputs& in, int threads) {
     const int b = t.b, h = t.h, hk = h / group, sk = p.seqlen_k[b];
     std::vector<double> s(sk);
     std::vector<char> vis(sk);
+    const bool sink = !p.sinks.empty();
     for (int i = t.begin; i < t.end; ++i) {
       const float* qi = &in.q[b][at(i, hq, h, dqk)];
-      double m = kNegInf;
+      // The sink is one more logit in the sum (no value row), so it joins the max too.
+      double m = sink ? p.sinks[h] : kNegInf;
       bool any = false;
       for (int j = 0; j < sk; ++j) {
         vis[j] = key_visible(p, b, i, j);
@@ -169,11 +174,15 @@ FwdResult forward(const Problem& p, const Inputs& in, int threads) {
         m = std::max(m, s[j]);
         any = true;
       }
-      if (!any) continue;  // O row stays 0, LSE stays -inf
-      double sum = 0;
+      const size_t lse_row = static_cast<size_t>(h) * p.seqlen_q[b] + i;
+      if (!any) {  // O row stays 0; LSE stays -inf, or is the sink's alone
+        if (sink) r.lse[b][lse_row] = p.sinks[h];
+        continue;
+      }
+      double sum = sink ? std::exp(p.sinks[h] - m) : 0.0;
       for (int j = 0; j < sk; ++j)
         if (vis[j]) sum += std::exp(s[j] - m);
-      r.lse[b][static_cast<size_t>(h) * p.seqlen_q[b] + i] = m + std::log(sum);
+      r.lse[b][lse_row] = m + std::log(sum);
       double* o = &r.o[b][at(i, hq, h, dv)];
       for (int j = 0; j < sk; ++j) {
         if (!vis[j]) continue;
@@ -225,6 +234,16 @@ BwdResult backward(const Problem& p, const Inputs& in, const std::vector<std::ve
   };
 
   BwdResult g;
+  // Sinks: dsink_h = sum over rows of P_sink (dP_sink - D) with dP_sink = 0 (no value row).
+  if (!p.sinks.empty()) {
+    g.dsinks.assign(hq, 0.0);
+    for (int h = 0; h < hq; ++h)
+      for (int b = 0; b < p.batch; ++b)
+        for (int i = 0; i < p.seqlen_q[b]; ++i) {
+          const size_t row = static_cast<size_t>(h) * p.seqlen_q[b] + i;
+          g.dsinks[h] -= std::exp(p.sinks[h] - f.lse[b][row]) * delta[b][row];
+        }
+  }
   g.dq.resize(p.batch);
   g.dk.resize(p.batch);
   g.dv.resize(p.batch);

@@ -18,6 +18,9 @@ struct Problem {
   // right.
   int window_left = -1, window_right = -1;
   double softcap = 0;  // 0 = off, else s -> softcap * tanh(s / softcap), s = scale * q.k
+  // Attention sinks: empty = none, else one logit per query head joining every row's softmax sum
+  // without a value row (LSE = log(sum_j e^(s_j) + e^sink); a row with no visible key: LSE = sink).
+  std::vector<double> sinks;
 };
 
 // Logical per-batch tensors, row-major:
@@ -35,6 +38,7 @@ struct FwdResult {
 
 struct BwdResult {
   std::vector<std::vector<double>> dq, dk, dv;  // same layouts as q, k, v
+  std::vector<double> dsinks;                   // [heads_q] with sinks, else empty
 };
 
 // The softmax scale actually used (resolves softmax_scale == 0).

@@ -148,6 +148,7 @@ std::string FwdCase::name() const {
   if (key_growth > 0) s << " key-growth" << key_growth;
   if (workspace) s << " workspace splits" << num_splits;
   if (q_block || kv_block) s << " block-descales(" << q_block << "," << kv_block << ")";
+  if (sinks) s << " sinks";
   if (!with_lse) s << " no-lse";
   return s.str();
 }
@@ -170,6 +171,7 @@ std::string FwdCase::repro() const {
   if (workspace) s << " c.workspace = true; c.num_splits = " << num_splits << ";";
   if (q_block) s << " c.q_block = " << q_block << ";";
   if (kv_block) s << " c.kv_block = " << kv_block << ";";
+  if (sinks) s << " c.sinks = true;";
   return s.str();
 }
 
@@ -512,6 +514,11 @@ FwdPlan plan_fwd(const FwdCase& c) {
   return P;
 }
 
+float sink_logit(int h) {
+  static const float logits[8] = {-2.f, 0.5f, 3.f, -0.75f, 1.25f, 6.f, -4.f, 2.25f};
+  return logits[h % 8];
+}
+
 FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
   FwdData d;
   d.c = c;
@@ -692,6 +699,14 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
       a.k_block_descale = {base + nq, int64_t(c.heads_kv) * blocks_kv, blocks_kv, c.kv_block, blocks_kv};
       a.v_block_descale = {base + nq + nkv, int64_t(c.heads_kv) * blocks_kv, blocks_kv, c.kv_block, blocks_kv};
     }
+  }
+  if (c.sinks) {
+    std::vector<float> logits(c.heads_q);
+    for (int h = 0; h < c.heads_q; ++h) logits[h] = sink_logit(h);
+    p.sinks.assign(logits.begin(), logits.end());
+    d.sinks = DeviceBuffer(logits.size() * 4);
+    d.sinks.upload(logits.data(), logits.size() * 4);
+    a.sinks = static_cast<const float*>(d.sinks.get());
   }
   if (c.workspace) {
     a.num_splits = c.num_splits;

@@ -93,6 +93,9 @@ struct FwdCase {
   // for K and V, factors in [0.5, 2] that differ per (sequence, head, block) on top of the
   // per-head descales.
   int q_block = 0, kv_block = 0;
+  // Attention sinks (fa3_fwd_params.sinks): a logit per query head, sink_logit(h), from -4 to 6 (the
+  // scores of the harness's N(0, 1) inputs are ~N(0, 1): some sinks barely count, some dominate).
+  bool sinks = false;
   std::string name() const;
   // Every field as C++ assignments ("c.batch = 3; ..."): pasted into a test, it rebuilds the case.
   std::string repro() const;
@@ -166,9 +169,13 @@ struct FwdData {
   ref::Problem prob;
   ref::Inputs in;  // empty when make_fwd_data was told no reference inputs are needed
   FwdArgs args;
-  DeviceBuffer q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k, page_table, descale, block_descale, workspace;
+  DeviceBuffer q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k, page_table, descale, block_descale, workspace,
+      sinks;
   int total_q = 0;  // = plan.total_q
 };
+
+// The sink logit of query head h in cases with sinks.
+float sink_logit(int h);
 
 // reference_inputs = false skips the logical host copies (d.in) for oracle-only comparisons.
 FwdData make_fwd_data(const FwdCase& c, bool reference_inputs = true);

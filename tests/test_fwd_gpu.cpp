@@ -160,10 +160,112 @@ TEST(FwdGpu, EveryInstantiationByName) {
     EXPECT_EQ(reached, name) << "case_for_instantiation does not reach it";
   }
   FA3_REQUIRE_GPU();
-  for (const std::string& name : names) {
-    SCOPED_TRACE(name);
-    const FwdCase c = case_for_instantiation(name);
+  for (size_t i = 0; i < names.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    FwdCase c = case_for_instantiation(names[i]);
+    c.sinks = i % 2 == 1;  // each epilogue form with and without sinks somewhere
     run_fwd_case(c, true, /*use_oracle=*/c.seqlen_k > 2000);
+  }
+}
+
+// Attention sinks on every path: the Hopper kernels' epilogue (rows that see no key get O = 0 and
+// LSE = the sink: causal with seqlen_q > seqlen_k, windows, empty sequences, whole tiles the
+// producer zeroes), the decode kernel with one split (its own epilogue) and with several (the
+// combine adds the sink once), pack-GQA rows of several heads, e4m3, paged, and the reference
+// kernel (a negative scale; e4m3 with softcap).
+TEST(FwdGpu, SinksAgainstCpu) {
+  FA3_REQUIRE_GPU();
+  std::vector<std::pair<FwdCase, bool>> cases;  // (case, on the Hopper kernel)
+  auto add = [&](FwdCase c, bool hopper = true) {
+    c.sinks = true;
+    cases.push_back({c, hopper});
+  };
+  for (int s : {1, 17, 1000}) {
+    FwdCase c;
+    c.seqlen_q = c.seqlen_k = s;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    add(c);
+    c.causal = true;
+    c.dtype = FA3_DTYPE_FP16;
+    c.head_dim = 64;
+    add(c);
+  }
+  {
+    FwdCase c;  // rows and whole tiles without a visible key
+    c.seqlen_q = 700;
+    c.seqlen_k = 129;
+    c.causal = true;
+    c.heads_q = 5;
+    c.heads_kv = 1;
+    add(c);
+    c.causal = false;
+    c.window_left = 3;
+    c.window_right = 0;
+    c.seqlen_q = 300;
+    c.seqlen_k = 300;
+    c.head_dim = 256;
+    add(c);
+    c.window_left = -1;
+    c.head_dim = 192;
+    c.head_dim_v = 128;
+    c.with_lse = false;
+    add(c);
+  }
+  {
+    FwdCase c = packed_head_dim_case(128, 128, Layout::kBSHD);  // varlen with empty sequences, guard rows
+    c.causal = true;
+    add(c);
+    c.page_size = 64;  // a paged cache (varlen_k: each sequence's keys in its pages)
+    c.causal = false;
+    add(c);
+    FwdCase z;  // sequences of no queries or no keys
+    z.batch = 3;
+    z.varlen_q = {5, 130, 0};
+    z.varlen_k = {0, 7, 300};
+    z.causal = true;
+    add(z);
+  }
+  for (int splits : {0, 1, 3, 16}) {  // the decode kernel: pack-GQA 8:2, one split or the combine
+    FwdCase c;
+    c.batch = 2;
+    c.seqlen_q = splits == 3 ? 4 : 1;
+    c.seqlen_k = splits == 16 ? 4097 : 1000;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = splits == 3;
+    c.workspace = true;
+    c.num_splits = splits;
+    if (splits == 1) c.window_left = 0;  // windows leave splits without keys
+    add(c);
+  }
+  {
+    FwdCase c;  // e4m3, per-head and block descales
+    c.dtype = FA3_DTYPE_E4M3;
+    c.seqlen_q = 300;
+    c.seqlen_k = 517;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.causal = true;
+    add(c);
+    c.q_block = 64;
+    c.kv_block = 128;
+    add(c);
+    c.q_block = c.kv_block = 0;
+    c.softcap = 20.f;  // e4m3 with softcap: the reference kernel
+    add(c, false);
+  }
+  {
+    FwdCase c;  // a negative softmax scale: the reference kernel
+    c.seqlen_q = 33;
+    c.seqlen_k = 200;
+    c.softmax_scale = -0.1f;
+    c.causal = true;
+    add(c, false);
+  }
+  for (const auto& [c, hopper] : cases) {
+    EXPECT_EQ(kernel_of(c), hopper ? "hopper" : "reference-gpu") << c.name();
+    run_fwd_case(c, hopper);
   }
 }
 
@@ -1064,14 +1166,15 @@ TEST(FwdGpu, CombineAgainstCpu) {
   struct Case {
     int splits, batch, seqlen, heads, dim;
     fa3_dtype dtype;
-    bool packed;
+    bool packed, sinks;
   };
-  const Case cases[] = {{5, 3, 7, 4, 64, FA3_DTYPE_FP32, false}, {1, 2, 3, 2, 4, FA3_DTYPE_BF16, false},
-                        {128, 1, 3, 3, 256, FA3_DTYPE_FP16, false}, {33, 3, 5, 2, 136, FA3_DTYPE_BF16, true}};
+  const Case cases[] = {{5, 3, 7, 4, 64, FA3_DTYPE_FP32, false, true}, {1, 2, 3, 2, 4, FA3_DTYPE_BF16, false, false},
+                        {128, 1, 3, 3, 256, FA3_DTYPE_FP16, false, false}, {33, 3, 5, 2, 136, FA3_DTYPE_BF16, true, true},
+                        {2, 2, 3, 4, 8, FA3_DTYPE_FP32, false, false}};
   std::mt19937 g(7);
   std::normal_distribution<float> nd;
   for (const Case& k : cases) {
-    SCOPED_TRACE(std::to_string(k.splits) + " splits d" + std::to_string(k.dim));
+    SCOPED_TRACE(std::to_string(k.splits) + " splits d" + std::to_string(k.dim) + (k.sinks ? " sinks" : ""));
     const int64_t rows = int64_t(k.batch) * k.seqlen;  // packed: the same rows, cu_seqlens 0, s, 2s, ...
     std::vector<float> o(size_t(k.splits) * rows * k.heads * k.dim), l(size_t(k.splits) * rows * k.heads);
     for (auto& x : o) x = nd(g);
@@ -1122,6 +1225,11 @@ TEST(FwdGpu, CombineAgainstCpu) {
       c.cu_seqlens = static_cast<const int32_t*>(dcu.get());
       c.seqused = static_cast<const int32_t*>(dused.get());
     }
+    std::vector<float> sinks(k.heads);
+    for (int h = 0; h < k.heads; ++h) sinks[h] = sink_logit(h);
+    DeviceBuffer dsinks(sinks.size() * 4);
+    dsinks.upload(sinks.data(), sinks.size() * 4);
+    if (k.sinks) c.sinks = static_cast<const float*>(dsinks.get());
     const Status st = fa3::combine(c);
     ASSERT_TRUE(st.ok()) << st.message();
     FA3_CUDA_CHECK(cudaDeviceSynchronize());
@@ -1153,9 +1261,10 @@ TEST(FwdGpu, CombineAgainstCpu) {
             poisoned += bits == 0xFFFFFFFFu ? 0 : 1;
             continue;
           }
-          double m = -INFINITY;
+          // A sink is one more term of the sum, with no partial O.
+          double m = k.sinks ? sinks[h] : -INFINITY;
           for (int s = 0; s < k.splits; ++s) m = std::max(m, double(l[lidx(s, r, h)]));
-          double sum = 0;
+          double sum = k.sinks ? std::exp(sinks[h] - m) : 0.0;
           for (int s = 0; s < k.splits; ++s) sum += m == -INFINITY ? 0 : std::exp(l[lidx(s, r, h)] - m);
           const double lse = m == -INFINITY ? -INFINITY : m + std::log(sum);
           const double gl = got_l[r * k.heads + h];

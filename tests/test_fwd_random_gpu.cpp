@@ -209,6 +209,9 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
     }
   }
 
+  // Attention sinks in ~1 case of 5 (every kernel; the decode path adds them in the combine).
+  if (g.chance(0.2)) c.sinks = true;
+
   // Caps: fewer heads first, then shorter sequences.
   for (;;) {
     const auto [steps, elems] = cost(c);

@@ -465,6 +465,122 @@ TEST(ReferenceBackward, MatchesFiniteDifferences) {
   }
 }
 
+// --- attention sinks ----------------------------------------------------------------------------
+
+// A sink is a key with no value whose score is the sink: one more head-dim column, 1 in every q
+// row and sink / scale in that extra key (0 in the real keys), V = 0 there. Unmasked MHA, so each
+// query head has its own extra key in every sequence.
+TEST(ReferenceSinks, EqualAnExtraKeyWithoutValue) {
+  const unsigned seed = fresh_seed();
+  TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  const int hq = 3, d = 8, dv = 6;
+  const double scale = 0.3;
+  Problem p = make_problem({5, 1, 9}, {7, 3, 1}, hq, hq, d, dv);
+  p.softmax_scale = scale;
+  p.sinks = {-1.0, 0.5, 4.0};
+  const Inputs in = random_inputs(p, rng);
+  Problem wide = make_problem({5, 1, 9}, {8, 4, 2}, hq, hq, d + 1, dv);
+  wide.softmax_scale = scale;
+  Inputs win;
+  for (int b = 0; b < p.batch; ++b) {
+    std::vector<float> q, k, v;
+    for (int i = 0; i < p.seqlen_q[b]; ++i)
+      for (int h = 0; h < hq; ++h) {
+        for (int x = 0; x < d; ++x) q.push_back(in.q[b][(size_t(i) * hq + h) * d + x]);
+        q.push_back(1.f);
+      }
+    for (int h = 0; h < hq; ++h) {  // key 0: the sink
+      for (int x = 0; x < d; ++x) k.push_back(0.f);
+      k.push_back(static_cast<float>(p.sinks[h] / scale));
+      for (int x = 0; x < dv; ++x) v.push_back(0.f);
+    }
+    for (int j = 0; j < p.seqlen_k[b]; ++j)
+      for (int h = 0; h < hq; ++h) {
+        for (int x = 0; x < d; ++x) k.push_back(in.k[b][(size_t(j) * hq + h) * d + x]);
+        k.push_back(0.f);
+        for (int x = 0; x < dv; ++x) v.push_back(in.v[b][(size_t(j) * hq + h) * dv + x]);
+      }
+    win.q.push_back(q);
+    win.k.push_back(k);
+    win.v.push_back(v);
+  }
+  const auto got = fa3::ref::forward(p, in, 2), want = fa3::ref::forward(wide, win, 2);
+  // (sink / scale * scale is the sink up to float rounding of sink / scale)
+  expect_close(got.o, want.o, 1e-6, "o");
+  expect_close(got.lse, want.lse, 1e-6, "lse");
+}
+
+// A row that sees no key: O = 0, LSE = the sink; a sink of -inf is no sink.
+TEST(ReferenceSinks, RowsWithoutKeysAndMinusInfinity) {
+  const unsigned seed = fresh_seed();
+  TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  Problem p = make_problem({6}, {2}, 2, 1, 8, 8);
+  p.causal = true;  // rows 0..3 see no key
+  const Inputs in = random_inputs(p, rng);
+  const auto plain = fa3::ref::forward(p, in);
+  p.sinks = {-kInf, -kInf};
+  const auto none = fa3::ref::forward(p, in);
+  expect_close(none.o, plain.o, 0, "o with -inf sinks");
+  expect_close(none.lse, plain.lse, 0, "lse with -inf sinks");
+  p.sinks = {1.5, -2.0};
+  const auto r = fa3::ref::forward(p, in);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(r.lse[0][size_t(h) * 6 + i], p.sinks[h]);
+      for (int x = 0; x < 8; ++x) EXPECT_EQ(r.o[0][(size_t(i) * 2 + h) * 8 + x], 0.0);
+    }
+  // A visible row: O shrinks by e^LSE / (e^LSE + e^sink), LSE grows to log(e^LSE + e^sink).
+  for (int h = 0; h < 2; ++h)
+    for (int i = 4; i < 6; ++i) {
+      const double l0 = plain.lse[0][size_t(h) * 6 + i], l1 = r.lse[0][size_t(h) * 6 + i];
+      EXPECT_NEAR(l1, std::log(std::exp(l0) + std::exp(p.sinks[h])), 1e-12);
+      for (int x = 0; x < 8; ++x)
+        EXPECT_NEAR(r.o[0][(size_t(i) * 2 + h) * 8 + x], plain.o[0][(size_t(i) * 2 + h) * 8 + x] * std::exp(l0 - l1),
+                    1e-12);
+    }
+}
+
+// dL/dsink by central differences (L = sum(O * dO)), and dQ/dK/dV with sinks as in
+// ReferenceBackward.MatchesFiniteDifferences.
+TEST(ReferenceSinks, GradientMatchesFiniteDifferences) {
+  const unsigned seed = fresh_seed();
+  TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  const double h = std::ldexp(1.0, -18);
+  for (bool causal : {false, true}) {
+    Problem p = make_problem({7, 3}, {4, 5}, 4, 2, 8, 6);
+    p.causal = causal;
+    p.sinks = {0.25, -1.0, 2.0, 0.0};
+    const Inputs in = random_inputs(p, rng);
+    const auto dout = random_dout(p, rng);
+    const auto g = fa3::ref::backward(p, in, dout);
+    ASSERT_EQ(g.dsinks.size(), 4u);
+    for (int head = 0; head < 4; ++head) {
+      Problem pp = p, pm = p;
+      pp.sinks[head] += h;
+      pm.sinks[head] -= h;
+      const double fd = (loss(pp, in, dout) - loss(pm, in, dout)) / (2 * h);
+      EXPECT_NEAR(g.dsinks[head], fd, 1e-6 * std::max(1.0, std::abs(fd))) << "dsinks[" << head << "]";
+    }
+    Inputs moved = in;  // one probe of dQ: the sinks change P, so dQ must see them
+    const float step = std::ldexp(1.0f, -18);
+    float& x = moved.q[0][3];
+    x = std::round(x / step) * step;
+    const auto g2 = fa3::ref::backward(p, moved, dout);
+    const float x0 = x;
+    x = x0 + step;
+    const double lp = loss(p, moved, dout);
+    x = x0 - step;
+    const double lm = loss(p, moved, dout);
+    EXPECT_NEAR(g2.dq[0][3], (lp - lm) / (2.0 * step), 1e-6 * std::max(1.0, std::abs(g2.dq[0][3])));
+  }
+  Problem bad = make_problem({2}, {2}, 2, 1, 8, 8);
+  bad.sinks = {1.0};
+  EXPECT_THROW(fa3::ref::forward(bad, random_inputs(bad, rng)), std::invalid_argument);
+}
+
 // --- paged KV -----------------------------------------------------------------------------------
 
 TEST(ReferencePaged, GatherReassemblesShuffledPages) {

@@ -598,6 +598,24 @@ TEST_F(FwdValidation, StructSizeBeforeBlockDescalesIsAccepted) {
   EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);
 }
 
+// Callers built before the sinks pass FA3_FWD_PARAMS_SIZE_V2: the sinks field is not read.
+TEST_F(FwdValidation, StructSizeBeforeSinksIsAccepted) {
+  fa3_fwd_params p = a;
+  p.struct_size = FA3_FWD_PARAMS_SIZE_V2;
+  p.sinks = fake<const float>(0x810001);  // garbage past an older caller's struct
+  EXPECT_EQ(fa3_fwd_validate(&p), FA3_OK) << fa3_last_error();
+  p.struct_size = sizeof(fa3_fwd_params);
+  EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);  // now read: misaligned
+  EXPECT_NE(std::string(fa3_last_error()).find("sinks"), std::string::npos) << fa3_last_error();
+}
+
+TEST_F(FwdValidation, SinksAligned) {
+  a.sinks = fake<const float>(0x810000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.sinks = fake<const float>(0x810002);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "sinks"));
+}
+
 // ---- fa3_quantize_fp8 ----
 class QuantizeValidation : public ::testing::Test {
  protected:
@@ -745,6 +763,17 @@ TEST_F(BwdValidation, WrongStructSize) {
   EXPECT_TRUE(Invalid(fa3::validate(b), "fa3_bwd_params_init"));
 }
 
+TEST_F(BwdValidation, DsinksNeedSinks) {
+  b.dsinks = fake<float>(0xe00000);
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dsinks"));
+  b.fwd.sinks = fake<const float>(0xe10000);
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+  b.dsinks = fake<float>(0xe00001);
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dsinks"));
+  b.dsinks = nullptr;  // sinks without their gradient: frozen sinks
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+}
+
 TEST_F(BwdValidation, ForwardArgumentsAreValidated) {
   b.fwd.seqlen_k = 0;
   EXPECT_TRUE(Invalid(fa3::validate(b), "seqlen_k"));
@@ -880,7 +909,33 @@ TEST(SplitWorkspace, CombineParamsPassTheCombineValidation) {
       EXPECT_EQ(c.out.data, a.out.data);
       EXPECT_EQ(c.lse_head_stride, packed ? a.total_q : a.seqlen_q);
       EXPECT_EQ(w.bytes, size_t(w.o_elems + w.lse_elems) * sizeof(float));
+      EXPECT_EQ(c.sinks, nullptr);
     }
   }
+  fa3::FwdArgs a = valid_fwd();  // the sinks go to the combine, which adds them once per row
+  a.sinks = fake<const float>(0x900000);
+  const fa3::attn::SplitWorkspace w = fa3::attn::split_workspace(a, 2);
+  EXPECT_EQ(fa3::attn::combine_params(a, w, nullptr, nullptr).sinks, a.sinks);
+}
+
+// fa3_combine from a caller built before the sinks (FA3_COMBINE_PARAMS_SIZE_V1): validation does not
+// read them (what fails here is the missing GPU or the fake pointers, never the struct or the sinks).
+TEST(CombineValidationCAbi, StructSizeBeforeSinksIsAccepted) {
+  fa3::CombineArgs c;
+  c.num_splits = 2;
+  c.batch = c.seqlen = c.heads = 1;
+  c.head_dim = 64;
+  c.out_partial = fake<const float>(0x100000);
+  c.lse_partial = fake<const float>(0x200000);
+  c.out = fa3::bshd(fake(0x300000), 1, 1, 64);
+  EXPECT_TRUE(Passes(fa3::validate(c)));
+  c.sinks = fake<const float>(0x400001);  // misaligned: read by the current struct size
+  EXPECT_TRUE(Invalid(fa3::validate(c), "sinks"));
+  c.struct_size = FA3_COMBINE_PARAMS_SIZE_V1;
+  const fa3_status code = fa3_combine(&c, nullptr);
+  EXPECT_NE(code, FA3_OK);
+  const std::string msg = fa3_last_error();
+  EXPECT_EQ(msg.find("struct_size"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("sinks"), std::string::npos) << msg;
 }
 }  // namespace

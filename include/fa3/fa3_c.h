@@ -150,10 +150,20 @@ typedef struct fa3_fwd_params {
   fa3_block_scales q_block_descale;
   fa3_block_scales k_block_descale;
   fa3_block_scales v_block_descale;
+
+  /* Learnable attention sinks (gpt-oss; NULL = none): float32 [heads_q], one logit per query head
+   * that joins every row's softmax denominator without a value row:
+   *   O = sum_j exp(s_j) V_j / (sum_j exp(s_j) + exp(sink_h)),  LSE = log(sum_j exp(s_j) + exp(sink_h)),
+   * s_j the scores after scale and softcap (the sink is in the same units). A row that sees no key
+   * gets O = 0 and LSE = sink_h. Every kernel takes them (split-KV: the combine adds the sink once).
+   * Appended: callers built before them pass FA3_FWD_PARAMS_SIZE_V2 (or _V1) and have none. */
+  const float* sinks;
 } fa3_fwd_params;
 
 /* The struct_size of fa3_fwd_params before the block descales (still accepted). */
 #define FA3_FWD_PARAMS_SIZE_V1 offsetof(fa3_fwd_params, q_block_descale)
+/* The struct_size of fa3_fwd_params before the sinks (still accepted). */
+#define FA3_FWD_PARAMS_SIZE_V2 offsetof(fa3_fwd_params, sinks)
 
 /* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
 typedef struct fa3_bwd_params {
@@ -164,6 +174,10 @@ typedef struct fa3_bwd_params {
   int32_t deterministic; /* 1: bitwise reproducible dQ/dK/dV (the key blocks add dQ in a fixed order) */
   void* workspace;
   size_t workspace_bytes;
+  /* Optional (NULL = not wanted): float32 [heads_q], the gradient of fwd.sinks (which it needs):
+   * dsink_h = -sum over the head's rows of exp(sink_h - LSE) * rowsum(dO * O). Written, not
+   * accumulated; always bitwise reproducible (a fixed summation order). */
+  float* dsinks;
 } fa3_bwd_params;
 
 FA3_API void fa3_fwd_params_init(fa3_fwd_params* params);
@@ -190,7 +204,7 @@ FA3_API fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* params, const char*
 
 /* Combine: merges partial attention results over splits of the keys (split-KV, context
  * parallelism, cascade attention) through their log-sum-exps:
- *   LSE = log(sum_s exp(lse_s)),  O = sum_s exp(lse_s - LSE) * O_s.
+ *   LSE = log(sum_s exp(lse_s)),  O = sum_s exp(lse_s - LSE) * O_s  (sinks: see the last field).
  * A split with lse_s = -inf (its keys hidden from the row) gets weight 0 and its O_s is not read;
  * a row whose splits are all -inf gets O = 0 and LSE = -inf. fa3_forward runs the same kernel on its
  * workspace when it splits (num_splits). Element strides; the last (head-dim) stride is 1. */
@@ -217,7 +231,15 @@ typedef struct fa3_combine_params {
    * batch strides ignored; batch + 1 entries) and the rows used per batch entry (batch entries). */
   const int32_t* cu_seqlens;
   const int32_t* seqused;
+  /* Optional, float32 [heads]: attention sinks (fa3_fwd_params.sinks), a logit per head that joins
+   * every row's sum once: LSE = log(sum_s exp(lse_s) + exp(sink_h)), O = sum_s exp(lse_s - LSE) O_s.
+   * A row whose splits are all -inf then gets O = 0 and LSE = sink_h. Appended: callers built
+   * before it pass FA3_COMBINE_PARAMS_SIZE_V1 and have none. */
+  const float* sinks;
 } fa3_combine_params;
+
+/* The struct_size of fa3_combine_params before the sinks (still accepted). */
+#define FA3_COMBINE_PARAMS_SIZE_V1 offsetof(fa3_combine_params, sinks)
 
 FA3_API void fa3_combine_params_init(fa3_combine_params* params);
 /* One kernel on `stream`; no allocation, no synchronisation. */

@@ -76,20 +76,22 @@ def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k
         max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
         v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
         softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None, k_block_descale=None,
-        v_block_descale=None, q_block_size=0, kv_block_size=0):
-    """(out, softmax_lse) = fa3::fwd(...); differentiable in q, k, v (softmax_lse is not)."""
+        v_block_descale=None, q_block_size=0, kv_block_size=0, sinks=None):
+    """(out, softmax_lse) = fa3::fwd(...); differentiable in q, k, v and sinks (float32 [heads_q]
+    attention-sink logits; softmax_lse is not differentiable)."""
     _require()
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
             page_table, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
             window_right, softcap, num_splits, deterministic, q_block_descale, k_block_descale,
-            v_block_descale, q_block_size, kv_block_size)
+            v_block_descale, q_block_size, kv_block_size, sinks)
     if torch.compiler.is_compiling():
         # Traced: the dispatcher's autograd kernel is what AOTAutograd records.
         return torch.ops.fa3.fwd.default(*args)
     # Eager: go straight to the autograd node, or below autograd when nothing needs a gradient;
     # the dispatcher's round trip through the Python autograd kernel costs ~10 us per call.
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _FwdFunction.apply(None, q, k, v, args[3:])
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (sinks is not None and sinks.requires_grad)):
+        return _FwdFunction.apply(None, q, k, v, sinks, args[3:])
     return _fwd_below_autograd(args)
 
 
@@ -104,13 +106,13 @@ def _fwd_below_autograd(args):
 
 def bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
         seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=0.0, causal=False,
-        window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
-    """(dq, dk, dv) = fa3::bwd(...)."""
+        window_left=-1, window_right=-1, softcap=0.0, deterministic=False, sinks=None):
+    """(dq, dk, dv, dsinks) = fa3::bwd(...); dsinks float32 [heads_q] with sinks, else empty."""
     _require()
     return torch.ops.fa3.bwd.default(
         dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-        deterministic)
+        deterministic, sinks)
 
 
 # fa3_dtype codes of the combine's output dtype (fa3_c.h).
@@ -148,7 +150,8 @@ def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seq
               max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
               v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
               softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None,
-              k_block_descale=None, v_block_descale=None, q_block_size=0, kv_block_size=0):
+              k_block_descale=None, v_block_descale=None, q_block_size=0, kv_block_size=0,
+              sinks=None):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype)
     if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]
@@ -160,8 +163,11 @@ def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seq
 
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
               seqused_q=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=0.0,
-              causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+              causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False,
+              sinks=None):
+    heads_q = q.shape[-2] if sinks is not None else 0
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty((heads_q,), dtype=torch.float32))
 
 
 # ---- autograd of fa3::fwd -----------------------------------------------------------------------
@@ -174,7 +180,8 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
     ctx.paged = page_table is not None
     ctx.fp8 = q.dtype == torch.float8_e4m3fn
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k)
+    sinks = inputs[25] if len(inputs) > 25 else None
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, sinks)
     ctx.scalars = (max_q, max_k, scale, causal, wl, wr, softcap)
     ctx.deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
 
@@ -184,24 +191,26 @@ def _fwd_backward(ctx, dout, _dlse):
         raise RuntimeError("fa3: the backward of a paged-KV forward (page_table) is not supported")
     if ctx.fp8:
         raise RuntimeError("fa3: the backward of the float8_e4m3fn forward is not supported")
-    q, k, v, out, lse, cu_q, cu_k, su_q, su_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, su_q, su_k, sinks = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, softcap = ctx.scalars
     # fa3 reads dO through strides but needs a contiguous head dim; a broadcast gradient (from
     # out.sum().backward()) has stride 0 there, and q/k/v may be views the forward copied.
     dout, q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (dout, q, k, v))
-    return bwd(dout, q, k, v, out, lse, cu_q, cu_k, su_q, su_k, max_q, max_k, scale, causal, wl, wr,
-               softcap, ctx.deterministic)
+    dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, cu_q, cu_k, su_q, su_k, max_q, max_k, scale,
+                             causal, wl, wr, softcap, ctx.deterministic, sinks)
+    return dq, dk, dv, (dsinks if sinks is not None else None)
 
 
 class _FwdFunction(torch.autograd.Function):
     """fa3::fwd's autograd node: the forward below autograd, its backward fa3::bwd.
 
-    Inputs (keyset, q, k, v, rest): the other arguments travel as one tuple, so that apply()
-    inspects four inputs instead of twenty-one or more (~5 us per call).
+    Inputs (keyset, q, k, v, sinks, rest): the other arguments travel as one tuple, so that apply()
+    inspects five inputs instead of twenty-one or more (~5 us per call); sinks (also in rest, at
+    its place in the schema) is an input of its own so that autograd gives it a gradient.
     """
 
     @staticmethod
-    def forward(ctx, keyset, q, k, v, rest):
+    def forward(ctx, keyset, q, k, v, sinks, rest):
         # keyset: the dispatcher's, when called from the autograd kernel; None from fwd() above.
         args = (q, k, v) + rest
         if keyset is None:
@@ -214,8 +223,8 @@ class _FwdFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        dq, dk, dv = _fwd_backward(ctx, dout, dlse)
-        return None, dq, dk, dv, None
+        dq, dk, dv, dsinks = _fwd_backward(ctx, dout, dlse)
+        return None, dq, dk, dv, dsinks, None
 
 
 def _register_autograd():
@@ -227,9 +236,11 @@ def _register_autograd():
     def autograd_kernel(keyset, *args):
         if len(args) < len(defaults):
             args = args + defaults[len(args):]
+        sinks = args[25]
         if torch.is_grad_enabled() and (args[0].requires_grad or args[1].requires_grad
-                                        or args[2].requires_grad):
-            return _FwdFunction.apply(keyset, args[0], args[1], args[2], tuple(args[3:]))
+                                        or args[2].requires_grad
+                                        or (sinks is not None and sinks.requires_grad)):
+            return _FwdFunction.apply(keyset, args[0], args[1], args[2], sinks, tuple(args[3:]))
         with torch._C._AutoDispatchBelowAutograd():
             return torch.ops.fa3.fwd.default.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 

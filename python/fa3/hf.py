@@ -130,8 +130,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             f"dropout: fa3 has no attention dropout, got dropout={dropout}; set the config's attention_dropout "
             "to 0.0 or train this model with attn_implementation='sdpa'"
         )
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("s_aux: fa3 has no attention sinks; use attn_implementation='sdpa' for this model")
     for arg_name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4 or any(n == 0 for n in t.shape):
             raise ValueError(f"{arg_name}: expected a non-empty 4-D tensor [batch, heads, seq, head_dim], "
@@ -153,6 +151,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         window_size=_window_size(sliding_window, bool(is_causal), k.shape[1]),
         softcap=float(softcap) if softcap else 0.0,
         deterministic=_deterministic(kwargs.get("deterministic")),
+        # gpt-oss's learnable sinks (transformers passes them as s_aux: one logit per query head).
+        learnable_sink=kwargs.get("s_aux"),
     )
 
     if attention_mask is not None:

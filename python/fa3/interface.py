@@ -58,11 +58,23 @@ def _scale(softmax_scale: Optional[float]) -> float:
     return float(softmax_scale)
 
 
+def _sinks(learnable_sink):
+    """Attention-sink logits as the kernels take them: float32 [heads_q], contiguous (the cast is
+    differentiable, so a bf16 parameter gets its gradient)."""
+    if learnable_sink is None:
+        return None
+    if learnable_sink.dim() != 1:
+        raise ValueError("fa3: learnable_sink: expected a 1-D tensor [heads_q], got shape "
+                         f"{tuple(learnable_sink.shape)}")
+    return learnable_sink.to(torch.float32).contiguous()
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
                     return_attn_probs=False, q_block_descale=None, k_block_descale=None,
-                    v_block_descale=None, q_block_size=128, kv_block_size=128):
+                    v_block_descale=None, q_block_size=128, kv_block_size=128,
+                    learnable_sink=None):
     """Attention over [batch, seqlen, heads, head_dim] tensors; differentiable in q, k, v.
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal is bottom-right aligned;
@@ -70,18 +82,21 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     return_attn_probs (softmax_lse float32 [batch, heads, seqlen_q], not differentiable).
     float8_e4m3fn q/k/v: q/k/v_descale as FlashAttention-3's (float32 [batch, heads_kv]), and
     (fa3) block descales float32 [batch, heads, blocks] per q_block_size / kv_block_size tokens,
-    as quantize_fp8 returns them.
+    as quantize_fp8 returns them. learnable_sink: [heads_q] attention-sink logits (gpt-oss: one
+    per head joining every row's softmax denominator, in the units of the scaled scores),
+    differentiable.
     """
     _check_common(qv, attention_chunk)
     wl, wr = _window(window_size)
-    if q_block_descale is not None or k_block_descale is not None or v_block_descale is not None:
+    if (q_block_descale is not None or k_block_descale is not None or v_block_descale is not None
+            or learnable_sink is not None):
         out, lse = _ops.fwd(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
             softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
             softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
             q_block_descale=q_block_descale, k_block_descale=k_block_descale,
             v_block_descale=v_block_descale, q_block_size=int(q_block_size),
-            kv_block_size=int(kv_block_size))
+            kv_block_size=int(kv_block_size), sinks=_sinks(learnable_sink))
         return (out, lse) if return_attn_probs else out
     # Positional: the call every training step makes, kept lean (keywords cost ~1 us here).
     # (The operator copies a q/k/v whose head dim is not contiguous; scale 0 is fa3's default.)
@@ -97,12 +112,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
-                           return_attn_probs=False):
+                           return_attn_probs=False, learnable_sink=None):
     """Attention over packed sequences: q [total_q, heads, d], k/v [total_k, heads_kv, d].
 
     cu_seqlens_q / cu_seqlens_k: int32 [batch + 1] cumulative lengths (either may be None: then
     that side is [batch, seqlen, heads, d]); seqused_q / seqused_k shorten each sequence.
     max_seqlen_q / max_seqlen_k are host ints (no device sync). softmax_lse: [heads, total_q].
+    learnable_sink: [heads_q] attention-sink logits, as flash_attn_func's.
     """
     _check_common(qv, attention_chunk)
     if cu_seqlens_q is None and cu_seqlens_k is None:
@@ -115,7 +131,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         max_seqlen_k=int(max_seqlen_k or 0), q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale, softmax_scale=_scale(softmax_scale), causal=bool(causal),
         window_left=wl, window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
-        deterministic=bool(deterministic))
+        deterministic=bool(deterministic), sinks=_sinks(learnable_sink))
     return (out, lse) if return_attn_probs else out
 
 
@@ -183,14 +199,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
-                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False,
+                            learnable_sink=None):
     """Attention of q against a KV cache (contiguous [batch_cache, seqlen_cache, heads_kv, d] or
     paged [num_pages, page_size, heads_kv, d] with page_table), optionally appending k/v first.
 
     The append (k, v written into the cache at cache_seqlens, in place) and the rotary embedding of
     q and k are done with PyTorch operations before fa3's attention kernel (no device sync); they
-    are not fused into it yet. cache_batch_idx maps each batch entry to a cache row. Not
-    differentiable (as FlashAttention-3's).
+    are not fused into it yet. cache_batch_idx maps each batch entry to a cache row.
+    learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
+    Not differentiable (as FlashAttention-3's).
     """
     _check_common(qv, attention_chunk)
     if cache_leftpad is not None:
@@ -264,7 +282,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0), max_seqlen_k=int(seqlen_k),
             page_table=page_table, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
             softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl,
-            window_right=wr, softcap=float(softcap), num_splits=int(num_splits))
+            window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
+            sinks=_sinks(learnable_sink))
     return (out, lse) if return_softmax_lse else out
 
 

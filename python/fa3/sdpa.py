@@ -552,7 +552,7 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
                 max_seqlen_q=int(max_q) if varlen else 0,
                 max_seqlen_k=int(max_k) if cum_seq_k is not None else 0,
                 softmax_scale=scale_f, causal=bool(is_causal), window_left=wl, window_right=wr,
-                deterministic=torch.are_deterministic_algorithms_enabled())
+                deterministic=torch.are_deterministic_algorithms_enabled())[:3]
         except RuntimeError as err:
             if not _is_not_supported(err):
                 raise

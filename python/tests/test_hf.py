@@ -25,8 +25,9 @@ NAME = fa3.hf.register()
 # ---------------------------------------------------------------- float64 math stand-in for the kernels
 
 
-def _reference(q, k, v, softmax_scale, causal, window_size, softcap):
-    """One sequence: q [s_q, h_q, d], k [s_k, h_kv, d], v [s_k, h_kv, d_v] -> [s_q, h_q, d_v] (float64 math)."""
+def _reference(q, k, v, softmax_scale, causal, window_size, softcap, sink=None):
+    """One sequence: q [s_q, h_q, d], k [s_k, h_kv, d], v [s_k, h_kv, d_v] -> [s_q, h_q, d_v] (float64 math);
+    sink: [h_q] logits joining each row's softmax denominator (gpt-oss), or None."""
     s_q, h_q, d = q.shape
     s_k, h_kv = k.shape[:2]
     assert h_q % h_kv == 0, "GQA needs h_q divisible by h_kv"
@@ -48,6 +49,10 @@ def _reference(q, k, v, softmax_scale, causal, window_size, softcap):
     if right >= 0:
         allowed &= j <= i + right
     scores = scores.masked_fill(~allowed, float("-inf"))
+    if sink is not None:  # one more logit per row, dropped after the softmax (it has no value)
+        column = sink.double().reshape(h_q, 1, 1).expand(h_q, s_q, 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows without keys give 0, as fa3
     return torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
 
@@ -66,8 +71,8 @@ class StandIn:
         self.calls.append(dict(kind="dense", q_shape=tuple(q.shape), k_shape=tuple(k.shape),
                                softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size),
                                softcap=softcap, rest=rest))
-        return torch.stack([_reference(q[b], k[b], v[b], softmax_scale, causal, window_size, softcap)
-                            for b in range(q.shape[0])])
+        return torch.stack([_reference(q[b], k[b], v[b], softmax_scale, causal, window_size, softcap,
+                                       rest.get("learnable_sink")) for b in range(q.shape[0])])
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
                causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, **rest):
@@ -84,7 +89,7 @@ class StandIn:
                                softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size),
                                softcap=softcap, rest=rest))
         pieces = [_reference(q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]], softmax_scale, causal,
-                             window_size, softcap) for i in range(len(cq) - 1)]
+                             window_size, softcap, rest.get("learnable_sink")) for i in range(len(cq) - 1)]
         return torch.cat(pieces)
 
     def count(self, kind):
@@ -486,13 +491,36 @@ def test_four_d_mask_is_refused(standin):
         model(torch.randint(1, 128, (1, 6)), attention_mask=mask)
 
 
-def test_attention_sinks_are_refused():
-    class Module(torch.nn.Module):
-        is_causal = True
+def gpt_oss_config():
+    from transformers import GptOssConfig
 
-    q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(ValueError, match="s_aux"):
-        fa3.hf.attention_forward(Module(), q, q, q, None, s_aux=torch.zeros(2))
+    return GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                        vocab_size=128, max_position_embeddings=256, sliding_window=4, pad_token_id=0)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_gpt_oss_sinks_match_eager(standin, padded):
+    # gpt-oss passes its learnable sinks as s_aux: they reach the kernel as learnable_sink, and their
+    # gradient comes back through it (the stand-in's float64 math here; the kernels in test_hf_gpu /
+    # test_interface_gpu).
+    ref, ours = model_pair(gpt_oss_config())
+    with torch.no_grad():
+        for m in (ref, ours):
+            for layer in m.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-1.0, 2.0, 4))
+    ids = torch.randint(1, 128, (2, 9))
+    mask = padding_mask([9, 6], 9, "left") if padded else None
+    logits_ref = ref(ids, attention_mask=mask).logits
+    logits = ours(ids, attention_mask=mask).logits
+    keep = mask.bool() if padded else None
+    assert_close(logits[keep] if padded else logits, logits_ref[keep] if padded else logits_ref, "logits")
+    assert all(c["rest"].get("learnable_sink") is not None for c in standin.calls)
+    weights = torch.randn_like(logits)
+    weighted_loss(logits_ref, weights, keep).backward()
+    weighted_loss(logits, weights, keep).backward()
+    assert_grads_close(ref, ours)
+    assert ours.model.layers[0].self_attn.sinks.grad.abs().sum() > 0
 
 
 def test_chunked_mask_guard():

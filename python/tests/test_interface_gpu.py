@@ -16,9 +16,9 @@ skip_unless_hopper()
 DEV = "cuda"
 
 
-def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, sinks=None):
     """float64 attention, BSHD, bottom-right causal/windows as fa3; rows without keys give 0.
-    Returns (out, lse[b, h, s_q])."""
+    sinks [h]: one more logit per row (no value), as gpt-oss. Returns (out, lse[b, h, s_q])."""
     q, k, v = q.double(), k.double(), v.double()
     g = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(g, dim=2)
@@ -39,6 +39,10 @@ def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=Non
     if right >= 0:
         visible &= j <= i + right
     s = s.masked_fill(~visible, -math.inf)
+    if sinks is not None:
+        column = sinks.double().reshape(1, -1, 1, 1).expand(s.shape[0], -1, sq, 1)
+        lse = torch.logsumexp(torch.cat([s, column], dim=-1), dim=-1)
+        return torch.einsum("bhqk,bkhd->bqhd", torch.exp(s - lse[..., None]), v), lse
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0)[..., None])
     p = torch.nan_to_num(p, nan=0.0)
@@ -368,6 +372,78 @@ def test_head_dim_strided_inputs_are_copied_not_refused():
         assert rel_err(got, want) <= 1e-2
     with pytest.raises(ValueError, match="softmax_scale"):
         fa3.flash_attn_func(q, k, v, softmax_scale=0.0)
+
+
+SINK_CASES = [
+    # b, s_q, s_k, h, h_kv, d, causal
+    (2, 17, 17, 8, 2, 64, True),
+    (1, 1000, 300, 4, 2, 128, True),     # rows that see no key: O = 0, LSE = the sink
+    (2, 300, 1000, 4, 1, 256, False),
+]
+
+
+@pytest.mark.parametrize("case", SINK_CASES)
+def test_sinks_forward_and_backward_match_float64(case):
+    """gpt-oss's learnable sinks (a bf16 parameter here): out, LSE and every gradient, the sinks' too."""
+    b, sq, sk, h, hkv, d, causal = case
+    torch.manual_seed(sq + d)
+    q = rand(b, sq, h, d, dtype=torch.bfloat16).requires_grad_()
+    k = rand(b, sk, hkv, d, dtype=torch.bfloat16).requires_grad_()
+    v = rand(b, sk, hkv, d, dtype=torch.bfloat16).requires_grad_()
+    sinks = torch.linspace(-2.0, 6.0, h, device=DEV).to(torch.bfloat16).requires_grad_()
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, learnable_sink=sinks, return_attn_probs=True)
+    q64, k64, v64, s64 = (t.detach().double().requires_grad_() for t in (q, k, v, sinks))
+    ref, ref_lse = ref_attention(q64, k64, v64, causal, sinks=s64)
+    assert rel_err(out, ref) <= 1e-2
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad),
+                            ("dsinks", sinks.grad, s64.grad)):
+        assert got is not None and rel_err(got, want) <= 1e-2, name
+
+
+def test_sinks_varlen_decode_and_compile():
+    torch.manual_seed(14)
+    lens = [0, 1, 17, 700]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    h, hkv, d = 8, 2, 128
+    q = rand(sum(lens), h, d, dtype=torch.bfloat16).requires_grad_()
+    k = rand(sum(lens), hkv, d, dtype=torch.bfloat16).requires_grad_()
+    v = rand(sum(lens), hkv, d, dtype=torch.bfloat16).requires_grad_()
+    sinks = torch.randn(h, device=DEV, dtype=torch.float32).requires_grad_()
+    out = fa3.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, learnable_sink=sinks)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    q64, k64, v64, s64 = (t.detach().double().requires_grad_() for t in (q, k, v, sinks))
+    ref = torch.zeros_like(out, dtype=torch.float64)
+    for i in range(len(lens)):
+        a, e = cu[i].item(), cu[i + 1].item()
+        if e > a:
+            ref[a:e] = ref_attention(q64[None, a:e], k64[None, a:e], v64[None, a:e], True, sinks=s64)[0][0]
+    ref.backward(dout.double())
+    assert rel_err(out, ref) <= 1e-2 and rel_err(sinks.grad, s64.grad) <= 1e-2
+    # Decodes: one split (the decode kernel's epilogue) or several (the combine adds the sink once).
+    qd = rand(2, 1, 32, 128, dtype=torch.bfloat16)
+    kd, vd = rand(2, 3001, 8, 128, dtype=torch.bfloat16), rand(2, 3001, 8, 128, dtype=torch.bfloat16)
+    sd = torch.linspace(-1.0, 9.0, 32, device=DEV)
+    ref_d, ref_lse = ref_attention(qd, kd, vd, sinks=sd)
+    for num_splits in (1, 7):
+        o, l = fa3.flash_attn_with_kvcache(qd, kd, vd, num_splits=num_splits, learnable_sink=sd,
+                                           return_softmax_lse=True)
+        assert rel_err(o, ref_d) <= 1e-2 and (l.double() - ref_lse).abs().max().item() <= 1e-3
+    # torch.compile(fullgraph) with the sinks' gradient.
+    f = torch.compile(lambda q, k, v, s: fa3.flash_attn_func(q, k, v, causal=True, learnable_sink=s),
+                      fullgraph=True)
+    qc, kc, vc = (rand(2, 300, 4, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    sc = torch.zeros(4, device=DEV).requires_grad_()
+    ge = torch.autograd.grad(fa3.flash_attn_func(qc, kc, vc, causal=True, learnable_sink=sc).sum(), (qc, sc))
+    gc = torch.autograd.grad(f(qc, kc, vc, sc).sum(), (qc, sc))
+    assert all(rel_err(x, y) <= 1e-3 for x, y in zip(gc, ge))
+    r = torch.library.opcheck(torch.ops.fa3.fwd.default, (qc.detach(), kc.detach(), vc.detach()),
+                              dict(causal=True, sinks=sc.detach()))
+    assert all(x == "SUCCESS" for x in r.values()), r
 
 
 @pytest.mark.parametrize("num_splits", [0, 1, 3, 16])

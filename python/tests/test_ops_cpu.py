@@ -27,7 +27,8 @@ def test_schemas_name_every_argument():
                 "window_left", "window_right", "softcap", "num_splits", "deterministic"):
         assert arg in fwd
     assert "-> (Tensor out, Tensor softmax_lse)" in fwd
-    assert "-> (Tensor dq, Tensor dk, Tensor dv)" in bwd
+    assert "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)" in bwd
+    assert "Tensor? sinks=None" in fwd and "Tensor? sinks=None" in bwd
     # Functional operators: nothing is mutated or aliased.
     assert "!" not in fwd and "!" not in bwd
 
@@ -39,8 +40,14 @@ def test_fake_shapes_dense(dq, dv, hq, hkv):
     out, lse = _ops.fwd(q, k, v, causal=True)
     assert out.shape == (2, 17, hq, dv) and out.dtype == BF16
     assert lse.shape == (2, hq, 17) and lse.dtype == torch.float32
-    dq_, dk_, dv_ = _ops.bwd(out, q, k, v, out, lse)
+    dq_, dk_, dv_, ds_ = _ops.bwd(out, q, k, v, out, lse)
     assert dq_.shape == q.shape and dk_.shape == k.shape and dv_.shape == v.shape
+    assert ds_.shape == (0,)
+    sinks = torch.empty(hq, dtype=torch.float32, device="meta")
+    out, lse = _ops.fwd(q, k, v, sinks=sinks)
+    assert out.shape == (2, 17, hq, dv)
+    ds_ = _ops.bwd(out, q, k, v, out, lse, sinks=sinks)[3]
+    assert ds_.shape == (hq,) and ds_.dtype == torch.float32
 
 
 @needs_lib

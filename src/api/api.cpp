@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "src/api/bindings.h"
@@ -65,7 +66,7 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
       {p.page_table, "page_table"}, {p.q_descale, "q_descale"},     {p.k_descale, "k_descale"},
       {p.v_descale, "v_descale"},   {p.workspace, "workspace"},
       {p.q_block_descale.data, "q_block_descale.data"}, {p.k_block_descale.data, "k_block_descale.data"},
-      {p.v_block_descale.data, "v_block_descale.data"}};
+      {p.v_block_descale.data, "v_block_descale.data"}, {p.sinks, "sinks"}};
   for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   return ok();
 }
@@ -116,7 +117,8 @@ Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream, bool check_po
     FA3_TRY(check_fwd_pointers(p->fwd));
     const std::pair<const void*, const char*> ptrs[] = {{p->dout.data, "dout.data"}, {p->dq.data, "dq.data"},
                                                         {p->dk.data, "dk.data"},     {p->dv.data, "dv.data"},
-                                                        {p->workspace, "workspace"}};
+                                                        {p->workspace, "workspace"},
+                                                        {p->dsinks, "dsinks"}};
     for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   }
   const FwdProblem f = make_problem(p->fwd);
@@ -146,7 +148,8 @@ Status combine_impl(const fa3_combine_params* p, cudaStream_t stream, bool check
   FA3_TRY(check_device());
   const std::pair<const void*, const char*> ptrs[] = {{p->out_partial, "out_partial"}, {p->lse_partial, "lse_partial"},
                                                       {p->out.data, "out.data"},       {p->lse, "lse"},
-                                                      {p->cu_seqlens, "cu_seqlens"},   {p->seqused, "seqused"}};
+                                                      {p->cu_seqlens, "cu_seqlens"},   {p->seqused, "seqused"},
+                                                      {p->sinks, "sinks"}};
   if (check_pointers)
     for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   return attn::launch_combine(*p, stream);
@@ -200,14 +203,26 @@ const char* dtype_name(DType dtype) {
 using fa3::detail::remember;
 
 namespace {
-// A caller built against the header before the block descales passes FA3_FWD_PARAMS_SIZE_V1: its
-// struct ends before them, so the call reads a copy with none.
+// A caller built against an earlier header passes that header's struct size (fa3_c.h's _V1 / _V2
+// sizes): its struct ends before the fields added since, so the call reads a copy with their
+// defaults (none of them set).
+template <class Params, void (*kInit)(Params*)>
+const Params* current_layout(const Params* p, Params& copy, std::initializer_list<size_t> older_sizes) {
+  if (p == nullptr) return p;
+  for (const size_t size : older_sizes) {
+    if (p->struct_size != size) continue;
+    kInit(&copy);
+    std::memcpy(&copy, p, size);
+    copy.struct_size = sizeof(Params);
+    return &copy;
+  }
+  return p;
+}
 const fa3_fwd_params* current_layout(const fa3_fwd_params* p, fa3_fwd_params& copy) {
-  if (p == nullptr || p->struct_size != FA3_FWD_PARAMS_SIZE_V1) return p;
-  fa3_fwd_params_init(&copy);
-  std::memcpy(&copy, p, FA3_FWD_PARAMS_SIZE_V1);
-  copy.struct_size = sizeof(fa3_fwd_params);
-  return &copy;
+  return current_layout<fa3_fwd_params, fa3_fwd_params_init>(p, copy, {FA3_FWD_PARAMS_SIZE_V1, FA3_FWD_PARAMS_SIZE_V2});
+}
+const fa3_combine_params* current_layout(const fa3_combine_params* p, fa3_combine_params& copy) {
+  return current_layout<fa3_combine_params, fa3_combine_params_init>(p, copy, {FA3_COMBINE_PARAMS_SIZE_V1});
 }
 }  // namespace
 
@@ -263,7 +278,8 @@ void fa3_combine_params_init(fa3_combine_params* p) {
   p->out_dtype = FA3_DTYPE_BF16;
 }
 fa3_status fa3_combine(const fa3_combine_params* p, fa3_stream_t stream) {
-  return remember(fa3::detail::combine_impl(p, stream));
+  fa3_combine_params copy;
+  return remember(fa3::detail::combine_impl(current_layout(p, copy), stream));
 }
 void fa3_quantize_params_init(fa3_quantize_params* p) {
   if (p == nullptr) return;

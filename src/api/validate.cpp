@@ -212,6 +212,13 @@ Status check_lse(const fa3_fwd_params& p) {
   return ok();
 }
 
+// Sinks are read as float32 [heads_q] (their values are device data: finite is the caller's contract).
+Status check_sinks(const float* sinks, const char* name) {
+  if (sinks != nullptr && !aligned(sinks, sizeof(float)))
+    return invalid(std::string(name) + " must be 4-byte aligned (float32); got " + hex(sinks));
+  return ok();
+}
+
 Status check_scores(const fa3_fwd_params& p) {
   if (!std::isfinite(p.softmax_scale))
     return invalid("softmax_scale must be finite (0 selects 1/sqrt(head_dim_qk)); got " + num(p.softmax_scale));
@@ -355,6 +362,7 @@ Status validate_fwd(const fa3_fwd_params* p) {
   FA3_TRY(check_varlen(*p));
   FA3_TRY(check_fwd_tensors(*p));
   FA3_TRY(check_lse(*p));
+  FA3_TRY(check_sinks(p->sinks, "sinks"));
   FA3_TRY(check_scores(*p));
   FA3_TRY(check_mask(*p));
   FA3_TRY(check_paged(*p));
@@ -435,6 +443,7 @@ Status validate_combine(const fa3_combine_params* p) {
   if (p->out_partial == nullptr) return invalid("out_partial must not be NULL");
   if (p->lse_partial == nullptr) return invalid("lse_partial must not be NULL");
   if (p->out.data == nullptr) return invalid("out.data must not be NULL");
+  FA3_TRY(check_sinks(p->sinks, "sinks"));
   if (!aligned(p->out_partial, 16)) return invalid("out_partial must be 16-byte aligned; got " + hex(p->out_partial));
   const std::pair<int64_t, const char*> partial_strides[] = {
       {p->out_partial_split_stride, "out_partial_split_stride"},
@@ -475,6 +484,9 @@ Status validate_bwd(const fa3_bwd_params* p) {
   FA3_TRY(check_bwd_tensors(*p));
   if (p->deterministic != 0 && p->deterministic != 1)
     return invalid("deterministic must be 0 or 1; got " + to_string(p->deterministic));
+  if (p->dsinks != nullptr && p->fwd.sinks == nullptr)
+    return invalid("dsinks needs fwd.sinks (the sinks the forward used); got fwd.sinks NULL");
+  FA3_TRY(check_sinks(p->dsinks, "dsinks"));
   FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
   return ok();
 }

@@ -1,5 +1,5 @@
 // Host side of one backward instantiation: workspace carve-up, tensor maps, the three launches
-// (preprocess, main kernel, postprocess) on the caller's stream.
+// (preprocess, main kernel, postprocess) on the caller's stream, and with dsinks a fourth (sink_grad.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,6 +8,7 @@
 #include "src/attention/bwd_kernel.cuh"
 #include "src/attention/bwd_launch.h"
 #include "src/attention/bwd_prepost.cuh"
+#include "src/attention/sink_grad.h"
 
 namespace fa3::attn {
 
@@ -53,6 +54,8 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
     bwd_preprocess_kernel<Elem><<<grid, kPrepostWarps * 32, 0, stream>>>(pp);
     FA3_CUDA_TRY(cudaGetLastError());
   }
+  if (b.dsinks != nullptr)  // from the LSE2 and D just written (sink_grad.h)
+    FA3_TRY(launch_sink_grad(sink_grad_params(b, lse2, 1.f, delta, &ws.rows), stream));
 
   BwdKernelParams p{};
   FwdKernelParams& g = p.fwd;

@@ -3,7 +3,7 @@
 // exp(lse_s - LSE); then every lane owns 4 columns (float4 loads, 512 contiguous bytes per split
 // and warp) and adds the weighted partial rows. A split of weight 0 (LSE -inf) is skipped, never
 // read: its slot may hold anything. Rows whose splits are all empty get O = 0, LSE = -inf, as rows
-// without a visible key do in the unsplit kernel.
+// without a visible key do in the unsplit kernel. Sinks join each row's merged LSE once (sink.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "src/attention/combine.h"
+#include "src/attention/sink.cuh"
 
 namespace fa3::attn {
 namespace {
@@ -64,7 +65,11 @@ __global__ void __launch_bounds__(kWarps * 32) combine_kernel(const __grid_const
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
+    float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
+    if (p.sinks != nullptr) {
+      float unused = 1.f;
+      join_sink(p.sinks[h], unused, lse);
+    }
 #pragma unroll
     for (int i = 0; i < kSplitsPerLane; ++i) w[i] = m == -INFINITY ? 0.f : expf(w[i] - lse);
 
@@ -143,6 +148,7 @@ Status launch_combine(const fa3_combine_params& a, cudaStream_t stream) {
   c.head_dim = a.head_dim;
   c.cu_seqlens = a.cu_seqlens;
   c.seqused = a.seqused;
+  c.sinks = a.sinks;
   switch (a.out_dtype) {
     case FA3_DTYPE_FP16: return launch_combine_as<__half>(c, stream);
     case FA3_DTYPE_BF16: return launch_combine_as<__nv_bfloat16>(c, stream);

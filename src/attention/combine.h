@@ -32,6 +32,7 @@ struct CombineParams {
   int batch, seqlen, heads, head_dim;  // seqlen: rows per batch entry (varlen: the longest); head_dim % 4 == 0
   const int* cu_seqlens;  // optional: packed rows
   const int* seqused;     // optional: rows used per batch entry (the others are not written)
+  const float* sinks;     // optional: a logit per head joining each row's sum once (sink.cuh)
 };
 
 constexpr int kMaxCombineSplits = 128;

@@ -16,6 +16,7 @@
 #include "src/attention/fwd_features.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/seqlen_info.cuh"
+#include "src/attention/sink.cuh"
 #include "src/attention/softmax.cuh"
 #include "src/attention/tile_rows.cuh"
 #include "src/attention/tile_scheduler.cuh"
@@ -38,6 +39,16 @@ struct Epilogue {
   const FwdKernelParams& p;
   Smem smem;
   int consumer, thread;
+
+  // The query head of the thread's row h (0: its row g, 1: g + 8): the tile's, or with pack-GQA
+  // (the decode kernel) the row's own (tile_rows.cuh).
+  __device__ __forceinline__ int row_head(const WorkTile& w, int h) const {
+    if constexpr (Feat::kSplit)
+      return TileRows<Cfg::kBlockM, true>::head(p, w.head, tile_row(h));
+    else return w.head;
+  }
+  // Row h of this thread, counted in the tile (the accumulator's row map, wgmma.cuh).
+  __device__ __forceinline__ int tile_row(int h) const { return consumer * 64 + (thread / 32) * 16 + (thread % 32) / 4 + 8 * h; }
 
   // This warpgroup's first row, counted in its sequence.
   __device__ __forceinline__ int first_row(const WorkTile& w) const { return w.m_block * Cfg::kBlockM + consumer * 64; }
@@ -64,6 +75,11 @@ struct Epilogue {
                         uint8_t* staging) const {
     float inv[2], lse[2];
     softmax.finalize(inv, lse);
+    // Sinks join each finished row, unless its split's partial goes to the combine, which adds them.
+    if (p.sinks != nullptr && !(Feat::kSplit && p.num_splits > 1)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) join_sink(p.sinks[row_head(w, h)], inv[h], lse[h]);
+    }
     if constexpr (kFp8) {
       float dv;
       if constexpr (Cfg::kBlockDescales) dv = softmax.o_factor();  // and V's block factor (descale.cuh)
@@ -137,7 +153,7 @@ struct Epilogue {
     const int64_t row_base = p.cu_seqlens_q ? int64_t(seq.q_row0()) : int64_t(seq.batch) * p.seqlen_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = consumer * 64 + (thread / 32) * 16 + lane / 4 + 8 * h, query = Rows::query(p, w.m_block, r);
+      const int r = tile_row(h), query = Rows::query(p, w.m_block, r);
       if (query >= seq.seqlen_q(p)) continue;
       const int head = Rows::head(p, w.head, r);
       if (p.num_splits == 1) {

@@ -87,6 +87,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.seqused_q = a.seqused_q;
   p.seqused_k = a.seqused_k;
   p.total_q = a.total_q;
+  p.sinks = a.sinks;
   if constexpr (kDtype == FA3_DTYPE_E4M3) {
     p.q_descale = a.q_descale;
     p.k_descale = a.k_descale;

@@ -66,6 +66,10 @@ struct FwdKernelParams {
   // position (the row's softmax constant), K's and V's by kv head and key block (the block's
   // softmax constant; O's unit between key blocks): descale.cuh.
   fa3_block_scales q_block, k_block, v_block;
+
+  // Learnable attention sinks (fa3_fwd_params.sinks): float32 [heads_q] or null; joined once per
+  // row after its last key block (sink.cuh), by the combine kernel when a decode is split.
+  const float* sinks;
 };
 
 }  // namespace fa3::attn

@@ -10,6 +10,7 @@
 #include "src/attention/fwd_features.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/seqlen_info.cuh"
+#include "src/attention/sink.cuh"
 #include "src/attention/tile_rows.cuh"
 #include "src/attention/tile_scheduler.cuh"
 #include "src/hopper/tma.cuh"
@@ -91,7 +92,7 @@ struct MainloopLoad {
     Seq seq;
   };
 
-  // A tile whose rows see no key: O = 0 and LSE = -inf (the rows inside the sequence), 16-byte
+  // A tile whose rows see no key: O = 0 and LSE = -inf, or the sink's (the rows inside the sequence), 16-byte
   // stores by the producer's lane. Rare (causal with seqlen_q > seqlen_k, windows, sequences
   // without keys), and off the consumers' registers, which hold S, P and O across their tile loop.
   __device__ void store_zero(const Tile& t) const {
@@ -104,12 +105,13 @@ struct MainloopLoad {
     float* lse = p.lse == nullptr ? nullptr : p.lse + t.seq.lse_offset(p, t.w.head) + row0;
     for (int r = 0; r < rows; ++r, o += p.o_row_stride) {
       for (int c = 0; c < p.head_dim_v; c += 8) *reinterpret_cast<uint4*>(o + c) = make_uint4(0, 0, 0, 0);
-      if (lse != nullptr) lse[r] = -INFINITY;  // (head_dim_v is a multiple of 8: validated)
+      if (lse != nullptr) lse[r] = empty_row_lse(p, t.w.head);  // (head_dim_v is a multiple of 8: validated)
     }
   }
 
   // The decode kernel's (tile, split) without a visible key: LSE -inf in its slot tells the combine
-  // kernel to give it no weight (its O slot is not read); with one split, O = 0 and LSE = -inf.
+  // kernel to give it no weight (its O slot is not read); with one split, O = 0 and LSE = -inf (or
+  // the sink's: sink.cuh).
   __device__ void store_empty_split(const Tile& t) const {
     const int64_t row_base = p.cu_seqlens_q ? int64_t(t.seq.q_row0()) : int64_t(t.seq.batch) * p.seqlen_q;
     for (int r = 0; r < Cfg::kBlockM; ++r) {
@@ -121,7 +123,7 @@ struct MainloopLoad {
       }
       uint16_t* o = static_cast<uint16_t*>(p.o) + t.seq.o_offset(p, head) + int64_t(query) * p.o_row_stride;
       for (int c = 0; c < p.head_dim_v; c += 8) *reinterpret_cast<uint4*>(o + c) = make_uint4(0, 0, 0, 0);
-      if (p.lse != nullptr) p.lse[t.seq.lse_offset(p, head) + query] = -INFINITY;
+      if (p.lse != nullptr) p.lse[t.seq.lse_offset(p, head) + query] = empty_row_lse(p, head);
     }
   }
 

@@ -56,6 +56,7 @@ inline fa3_combine_params combine_params(const fa3_fwd_params& a, const SplitWor
   c.head_dim = a.head_dim_v;
   c.cu_seqlens = a.cu_seqlens_q;
   c.seqused = a.seqused_q;
+  c.sinks = a.sinks;  // joined once per row here, not per split
   return c;
 }
 

@@ -1,5 +1,5 @@
 // The reference GPU backward: simple and obviously correct, fp32 throughout, every backward feature
-// of the API (masks, softcap, GQA/MQA, varlen, head_dim_v != head_dim_qk, strides). It is the
+// of the API (masks, softcap, GQA/MQA, varlen, head_dim_v != head_dim_qk, strides, the sinks' gradient). It is the
 // backward of every problem the Hopper backward does not cover and the oracle its large tests
 // compare against; it is not fast. Deterministic by construction: every output element is summed
 // by one warp in a fixed order, no atomics.
@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "src/api/dispatch.h"
+#include "src/attention/sink_grad.h"
 #include "src/oracle/oracle_common.cuh"
 
 namespace fa3::detail {
@@ -172,6 +173,9 @@ Status launch(const OracleBwdArgs& args, cudaStream_t stream) {
   const dim3 grid_q((a.seqlen_q + kWarpsPerBlock - 1) / kWarpsPerBlock, a.heads_q, a.batch);
   oracle_dq_kernel<T><<<grid_q, kWarpsPerBlock * 32, 0, stream>>>(args);
   FA3_CUDA_TRY(cudaGetLastError());
+  if (args.b.dsinks != nullptr)  // from the LSE and the D the dq kernel wrote (sink_grad.h)
+    FA3_TRY(attn::launch_sink_grad(attn::sink_grad_params(args.b, a.lse, 1.4426950408889634f, args.delta, nullptr),
+                                   stream));
   const dim3 grid_k((a.seqlen_k + kWarpsPerBlock - 1) / kWarpsPerBlock, a.heads_kv, a.batch);
   oracle_dkdv_kernel<T><<<grid_k, kWarpsPerBlock * 32, 0, stream>>>(args);
   FA3_CUDA_TRY(cudaGetLastError());

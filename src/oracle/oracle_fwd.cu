@@ -1,5 +1,6 @@
 // The reference GPU forward: simple and obviously correct, fp32 throughout, every feature of the
-// API (masks, softcap, GQA, varlen, paged KV, fp8 descales and block descales, head_dim_v != head_dim_qk).
+// API (masks, softcap, GQA, varlen, paged KV, fp8 descales and block descales, head_dim_v != head_dim_qk,
+// attention sinks).
 // One warp per query row: lanes split the head dim, a warp-wide sum gives each score, and the
 // online softmax walks the visible keys one at a time.  It is the first path through the API and
 // the oracle that large GPU tests compare the Hopper kernel against; it is not fast.
@@ -10,6 +11,7 @@
 #include <cmath>
 
 #include "src/api/dispatch.h"
+#include "src/attention/sink.cuh"
 #include "src/oracle/oracle_common.cuh"
 
 namespace fa3::detail {
@@ -94,7 +96,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_fwd_kernel(const O
     }
   }
 
-  const float inv = l > 0.f ? v_scale / l : 0.f;
+  float inv = l > 0.f ? v_scale / l : 0.f;
+  float lse = l > 0.f ? m + logf(l) : -INFINITY;
+  if (a.sinks != nullptr) attn::join_sink(a.sinks[h], inv, lse);
   TOut* o = static_cast<TOut*>(a.out.data) + (a.cu_seqlens_q ? 0 : int64_t(b) * a.out.batch_stride) +
             (s.q_row0 + i) * a.out.row_stride + int64_t(h) * a.out.head_stride;
 #pragma unroll
@@ -103,7 +107,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_fwd_kernel(const O
     if (d < dv) o[d] = from_f32<TOut>(acc[c] * inv);
   }
   if (a.lse && lane == 0) {
-    const float lse = l > 0.f ? m + logf(l) : -INFINITY;
     if (a.cu_seqlens_q) a.lse[int64_t(h) * a.total_q + s.q_row0 + i] = lse;  // [heads, total_q]
     else a.lse[(int64_t(b) * a.heads_q + h) * a.seqlen_q + i] = lse;
   }

@@ -87,6 +87,17 @@ const int32_t* int32_vector(const OptTensor& t, const char* name, int64_t length
   return static_cast<const int32_t*>(t->const_data_ptr());
 }
 
+// Attention sinks (and their gradient): float32 [heads_q], contiguous, on q's device.
+const float* heads_vector(const OptTensor& t, const char* name, int64_t heads_q, int32_t device) {
+  if (!t.has_value()) return nullptr;
+  check_cuda(*t, name, device);
+  FA3_TORCH_CHECK(t->scalar_type() == ScalarType::Float && t->dim() == 1 && t->size(0) == heads_q &&
+                      (heads_q <= 1 || t->stride(0) == 1),
+                  name, ": expected a contiguous float32 [heads_q] = [", heads_q, "] tensor, got ",
+                  dtype_str(t->scalar_type()), " of rank ", t->dim());
+  return static_cast<const float*>(t->const_data_ptr());
+}
+
 // A contiguous CUDA tensor from PyTorch's caching allocator. aoti_torch_empty_strided is the stable
 // shim's direct entry; torch::stable::empty looks aten::empty up by name and calls it boxed, which
 // costs ~1 us more per allocation on the forward's host path (two allocations per call).
@@ -240,7 +251,8 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                                int64_t window_right, double softcap, int64_t num_splits,
                                bool /*deterministic: read by the autograd formula's backward*/,
                                OptTensor q_block_descale, OptTensor k_block_descale,
-                               OptTensor v_block_descale, int64_t q_block_size, int64_t kv_block_size) {
+                               OptTensor v_block_descale, int64_t q_block_size, int64_t kv_block_size,
+                               OptTensor sinks) {
   q = with_unit_head_stride(q);
   k = with_unit_head_stride(k);
   v = with_unit_head_stride(v);
@@ -297,6 +309,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                               static_cast<int32_t>(b.block_size), static_cast<int32_t>(d.size(2))};
   }
   a.num_splits = static_cast<int32_t>(num_splits);
+  a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
 
   // Outputs: O with q's leading shape and head_dim_v (contiguous), LSE [b, h, s] or [h, total_q].
   const int32_t out_dtype =
@@ -319,13 +332,14 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
   return {out, lse};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                       Tensor softmax_lse, OptTensor cu_seqlens_q,
-                                       OptTensor cu_seqlens_k, OptTensor seqused_q,
-                                       OptTensor seqused_k, int64_t max_seqlen_q,
-                                       int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                       int64_t window_left, int64_t window_right, double softcap,
-                                       bool deterministic) {
+// dsinks: float32 [heads_q] with sinks, else an empty [0] tensor (the schema's outputs are fixed).
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                               Tensor softmax_lse, OptTensor cu_seqlens_q,
+                                               OptTensor cu_seqlens_k, OptTensor seqused_q,
+                                               OptTensor seqused_k, int64_t max_seqlen_q,
+                                               int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                               int64_t window_left, int64_t window_right, double softcap,
+                                               bool deterministic, OptTensor sinks) {
   Problem p = make_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                            max_seqlen_k, std::nullopt, softmax_scale, causal, window_left,
                            window_right, softcap);
@@ -368,13 +382,16 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   b.dk = view_of(dk, "dk", varlen_k, p.device);
   b.dv = view_of(dv, "dv", varlen_k, p.device);
   b.deterministic = deterministic ? 1 : 0;
+  b.fwd.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
+  Tensor dsinks = new_cuda_tensor({sinks.has_value() ? int64_t(a.heads_q) : 0}, aoti_torch_dtype_float32(), p.device);
+  if (sinks.has_value()) b.dsinks = static_cast<float*>(dsinks.mutable_data_ptr());
 
   size_t bytes = 0;
   throw_if_failed(fa3::workspace_size(b, &bytes), "bwd");
   const std::optional<Tensor> workspace = attach_workspace(b, bytes, p.device);
   throw_if_failed(fa3::detail::backward_device_tensors(b, static_cast<cudaStream_t>(current_stream(p.device))),
                   "bwd");
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsinks};
 }
 
 // Merges split results (fa3::combine): out_partial float32 [splits, batch, seqlen, heads, head_dim]
@@ -470,12 +487,12 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? v_descale=None, float softmax_scale=0.0, bool causal=False, int window_left=-1, "
         "int window_right=-1, float softcap=0.0, int num_splits=1, bool deterministic=False, "
         "Tensor? q_block_descale=None, Tensor? k_block_descale=None, Tensor? v_block_descale=None, "
-        "int q_block_size=0, int kv_block_size=0) -> (Tensor out, Tensor softmax_lse)");
+        "int q_block_size=0, int kv_block_size=0, Tensor? sinks=None) -> (Tensor out, Tensor softmax_lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
         "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
-        "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "bool deterministic=False, Tensor? sinks=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
   m.def("quantize_fp8(Tensor x, int block_size=128, bool hadamard=False, int seed=0) "
         "-> (Tensor out, Tensor descale)");
