@@ -109,6 +109,17 @@ class FwdParams(ctypes.Structure):
         ("k_block_descale", BlockScales),
         ("v_block_descale", BlockScales),
         ("sinks", c_void_p),  # float32 [heads_q] attention-sink logits, or None
+        # The KV-cache append with rotary (fa3_c.h): cache_seqlens, new keys/values, rotary tables.
+        ("cache_seqlens", c_void_p),
+        ("k_new", Tensor),
+        ("v_new", Tensor),
+        ("seqlen_new", c_int32),
+        ("rotary_dim", c_int32),
+        ("rotary_cos", c_void_p),
+        ("rotary_sin", c_void_p),
+        ("rotary_row_stride", c_int64),
+        ("rotary_rows", c_int32),
+        ("rotary_interleaved", c_int32),
     ]
 
 

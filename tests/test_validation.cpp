@@ -616,6 +616,79 @@ TEST_F(FwdValidation, SinksAligned) {
   EXPECT_TRUE(Invalid(fa3::validate(a), "sinks"));
 }
 
+// ---- the KV-cache append with rotary ----
+class AppendValidation : public FwdValidation {
+ protected:
+  void SetUp() override {
+    a.cache_seqlens = fake<const int32_t>(0x600000);
+    a.k_new = fa3::bshd(fake(0x610000), 4, kHeadsKv, kDim);
+    a.v_new = fa3::bshd(fake(0x620000), 4, kHeadsKv, kDim);
+    a.seqlen_new = 4;
+    a.rotary_cos = fake<const void>(0x630000);
+    a.rotary_sin = fake<const void>(0x640000);
+    a.rotary_dim = 64;
+    a.rotary_rows = kSeqK;
+    a.rotary_row_stride = 32;
+  }
+};
+
+TEST_F(AppendValidation, ValidArgsPass) {
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.rotary_cos = a.rotary_sin = nullptr;  // append without rotary
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.k_new = a.v_new = fa3_tensor{};  // cache_seqlens alone: the keys each sequence has
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(AppendValidation, BadFieldsAreNamed) {
+  auto invalid_with = [&](auto edit, const char* field) {
+    fa3::FwdArgs b = a;
+    edit(b);
+    return Invalid(fa3::validate(b), field);
+  };
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.seqused_k = fake<const int32_t>(0x650000); }, "seqused_k"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.cache_seqlens = nullptr; }, "cache_seqlens"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.v_new.data = nullptr; }, "v_new.data"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.seqlen_new = 0; }, "seqlen_new"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.k_new.row_stride = 3; }, "k_new.row_stride"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_sin = nullptr; }, "rotary_sin"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_dim = 63; }, "rotary_dim"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_dim = 2 * kDim; }, "rotary_dim"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_rows = kSeqK - 1; }, "rotary_rows"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_row_stride = 31; }, "rotary_row_stride"));
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_interleaved = 2; }, "rotary_interleaved"));
+  // The cache is written: a K broadcast over its heads would have them overwrite each other.
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.k.head_stride = 0; }, "k strides"));
+  fa3::FwdArgs b = a;
+  b.cu_seqlens_q = fake<const int32_t>(0x660000);
+  b.cu_seqlens_k = fake<const int32_t>(0x670000);
+  b.total_q = b.total_k = kBatch * kSeqQ;
+  EXPECT_TRUE(Fails(fa3::validate(b), FA3_ERROR_NOT_SUPPORTED, "cu_seqlens_q"));
+}
+
+TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
+  size_t with_rotary = 0, without = 0;
+  ASSERT_TRUE(Passes(fa3::workspace_size(a, &with_rotary)));
+  EXPECT_GE(with_rotary, size_t(kBatch) * kSeqQ * kHeadsQ * kDim * 2 + kBatch * 4);
+  a.rotary_cos = a.rotary_sin = nullptr;
+  ASSERT_TRUE(Passes(fa3::workspace_size(a, &without)));
+  EXPECT_GE(without, size_t(kBatch) * 4);
+  EXPECT_LT(without, with_rotary);
+  const char* name = nullptr;
+  ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
+  EXPECT_STREQ(name, "hopper");
+}
+
+// Callers built before the append pass FA3_FWD_PARAMS_SIZE_V3: its fields are not read.
+TEST_F(FwdValidation, StructSizeBeforeTheAppendIsAccepted) {
+  fa3_fwd_params p = a;
+  p.struct_size = FA3_FWD_PARAMS_SIZE_V3;
+  p.k_new.data = fake<void>(0x810001);  // garbage past an older caller's struct
+  EXPECT_EQ(fa3_fwd_validate(&p), FA3_OK) << fa3_last_error();
+  p.struct_size = sizeof(fa3_fwd_params);
+  EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);
+}
+
 // ---- fa3_quantize_fp8 ----
 class QuantizeValidation : public ::testing::Test {
  protected:

@@ -158,12 +158,40 @@ typedef struct fa3_fwd_params {
    * gets O = 0 and LSE = sink_h. Every kernel takes them (split-KV: the combine adds the sink once).
    * Appended: callers built before them pass FA3_FWD_PARAMS_SIZE_V2 (or _V1) and have none. */
   const float* sinks;
+
+  /* KV-cache append with rotary embedding (flash_attn_with_kvcache's k / v / rotary_cos / rotary_sin),
+   * run before the attention in the same call. All NULL / 0 = none.
+   * cache_seqlens: int32 [batch], the keys each sequence's cache (K / V, contiguous or paged) holds
+   *   before this call; with it seqused_k must be NULL and the call attends to cache_seqlens[b] +
+   *   seqlen_new keys of sequence b (the caller's contract: at most seqlen_k; keys past it are
+   *   neither written nor read).
+   * k_new / v_new: [batch, seqlen_new, heads_kv, head_dim_qk / head_dim_v] new keys and values,
+   *   written into K / V at positions cache_seqlens[b] + i (needs cache_seqlens; K and V are then
+   *   written, so their strides must not overlap).
+   * rotary_cos / rotary_sin: [rotary_rows, rotary_dim / 2] in dtype (rows rotary_row_stride apart):
+   *   the rotary embedding of the first rotary_dim columns of Q and of k_new (rotary_interleaved = 1:
+   *   pairs (2i, 2i + 1), 0: halves (i, i + rotary_dim / 2)), k_new's row i at position
+   *   cache_seqlens[b] + i, Q's row i there too when causal or windowed, else at cache_seqlens[b]
+   *   (FlashAttention-3's rule; 0 without cache_seqlens). rotary_rows >= seqlen_k. The rotated Q is
+   *   written to the workspace (fa3_fwd_workspace_size counts it); q itself is not changed.
+   * fp16 / bf16 only, not with cu_seqlens_q or cu_seqlens_k. */
+  const int32_t* cache_seqlens;
+  fa3_tensor k_new, v_new;
+  int32_t seqlen_new;
+  int32_t rotary_dim;
+  const void* rotary_cos;
+  const void* rotary_sin;
+  int64_t rotary_row_stride;
+  int32_t rotary_rows;
+  int32_t rotary_interleaved;
 } fa3_fwd_params;
 
 /* The struct_size of fa3_fwd_params before the block descales (still accepted). */
 #define FA3_FWD_PARAMS_SIZE_V1 offsetof(fa3_fwd_params, q_block_descale)
 /* The struct_size of fa3_fwd_params before the sinks (still accepted). */
 #define FA3_FWD_PARAMS_SIZE_V2 offsetof(fa3_fwd_params, sinks)
+/* The struct_size of fa3_fwd_params before the KV-cache append (still accepted). */
+#define FA3_FWD_PARAMS_SIZE_V3 offsetof(fa3_fwd_params, cache_seqlens)
 
 /* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
 typedef struct fa3_bwd_params {

@@ -1,6 +1,7 @@
 """fa3's dispatcher operators: loading the compiled library, fake kernels and autograd.
 
-The operators themselves (``torch.ops.fa3.fwd``, ``torch.ops.fa3.bwd``, ``torch.ops.fa3.combine``) are C++ (src/torch/
+The operators themselves (``torch.ops.fa3.fwd``, ``torch.ops.fa3.bwd``, ``torch.ops.fa3.fwd_kvcache``,
+``torch.ops.fa3.combine``) are C++ (src/torch/
 torch_ops.cpp) built against PyTorch's stable ABI. What PyTorch needs besides the CUDA kernel is
 registered here: a fake (meta) kernel per operator, so that torch.compile, torch.export and
 FakeTensor tracing know the output shapes without running anything, and the autograd formula of
@@ -18,7 +19,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["available", "library_path", "fwd", "bwd", "combine", "load_error"]
+__all__ = ["available", "library_path", "fwd", "bwd", "fwd_kvcache", "combine", "load_error"]
 
 _LIB_PATH: Optional[str] = None
 _LOAD_ERROR: Optional[str] = None
@@ -115,6 +116,18 @@ def bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, s
         deterministic, sinks)
 
 
+def fwd_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None, rotary_cos=None,
+                rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0, softmax_scale=0.0,
+                causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0, sinks=None):
+    """(out, softmax_lse) = fa3::fwd_kvcache(...): k_new / v_new appended to the caches (in place) at
+    cache_seqlens and rotated with q in the same fa3 call, then the attention. Not differentiable."""
+    _require()
+    return torch.ops.fa3.fwd_kvcache.default(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos, rotary_sin, rotary_interleaved,
+        page_table, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, num_splits,
+        sinks)
+
+
 # fa3_dtype codes of the combine's output dtype (fa3_c.h).
 COMBINE_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 3}
 
@@ -159,6 +172,14 @@ def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seq
     else:                         # [batch, heads, seqlen_q]
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
+
+
+def _fwd_kvcache_fake(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None, rotary_cos=None,
+                      rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0,
+                      softmax_scale=0.0, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                      num_splits=0, sinks=None):
+    out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -264,6 +285,8 @@ if _LIB_PATH is not None:
     torch.library.register_kernel("fa3::fwd", "cpu")(_cpu_kernel("fwd"))
     torch.library.register_kernel("fa3::bwd", "cpu")(_cpu_kernel("bwd"))
     torch.library.register_kernel("fa3::combine", "cpu")(_cpu_kernel("combine"))
+    torch.library.register_kernel("fa3::fwd_kvcache", "cpu")(_cpu_kernel("fwd_kvcache"))
+    torch.library.register_fake("fa3::fwd_kvcache")(_fwd_kvcache_fake)
     torch.library.register_kernel("fa3::quantize_fp8", "cpu")(_cpu_kernel("quantize_fp8"))
     torch.library.register_fake("fa3::quantize_fp8")(_quantize_fake)
     torch.library.register_fake("fa3::fwd")(_fwd_fake)

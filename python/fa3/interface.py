@@ -205,8 +205,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     paged [num_pages, page_size, heads_kv, d] with page_table), optionally appending k/v first.
 
     The append (k, v written into the cache at cache_seqlens, in place) and the rotary embedding of
-    q and k are done with PyTorch operations before fa3's attention kernel (no device sync); they
-    are not fused into it yet. cache_batch_idx maps each batch entry to a cache row.
+    q and k run in fa3's call, one kernel before the attention (fa3::fwd_kvcache), for fp16/bf16
+    without cu_seqlens_q; with packed queries or e4m3 they are PyTorch operations before it (no
+    device sync either way). cache_batch_idx maps each batch entry to a cache row.
     learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
     Not differentiable (as FlashAttention-3's).
     """
@@ -236,6 +237,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         # A contiguous cache indexed by cache_batch_idx is a paged cache whose pages are whole
         # cache rows: fa3 reads it in place through a one-column page table.
         page_table = cache_batch_idx.to(torch.int32).reshape(batch, 1)
+    wl, wr = _window(window_size)
+    if page_table is None:
+        seqlen_k = k_cache.shape[1]
+    else:
+        seqlen_k = page_table.shape[1] * k_cache.shape[1]
+    fused = (k is not None or rotary_cos is not None) and not varlen_q and q.dtype in (torch.float16, torch.bfloat16) \
+        and q_descale is None and k_descale is None and v_descale is None and _ops.available() and q.is_cuda
+    if fused:  # the append and rotary in fa3's call (fa3::fwd_kvcache)
+        if k is not None:  # the kernel takes q's dtype and a contiguous head dim
+            k, v = (t.to(q.dtype) for t in (k, v))
+            k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+            if seqused_k is None:  # appending to empty caches
+                seqused_k = torch.zeros(batch, dtype=torch.int32, device=dev)
+        if rotary_cos is not None:  # tables in q's dtype (FlashAttention-3 asks for that dtype too)
+            rotary_cos, rotary_sin = (t.to(q.dtype) for t in (rotary_cos, rotary_sin))
+        with torch.no_grad():
+            out, lse = _ops.fwd_kvcache(
+                q, k_cache, v_cache, k, v, seqused_k, rotary_cos, rotary_sin, bool(rotary_interleaved),
+                page_table, int(seqlen_k) if page_table is not None else 0, _scale(softmax_scale), bool(causal),
+                wl, wr, float(softcap), int(num_splits), _sinks(learnable_sink))
+        return (out, lse) if return_softmax_lse else out
     # Where the new tokens start in each sequence (the append and rotary only; a plain decode
     # call allocates nothing here).
     positions_base = None
@@ -271,11 +293,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         pos_q = positions_base.long()[:, None] + offs
         q = _rotary(q, rotary_cos[pos_q], rotary_sin[pos_q], rotary_interleaved)
 
-    wl, wr = _window(window_size)
-    if page_table is None:
-        seqlen_k = k_cache.shape[1]
-    else:
-        seqlen_k = page_table.shape[1] * k_cache.shape[1]
     with torch.no_grad():
         out, lse = _ops.fwd(
             q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q,

@@ -135,15 +135,20 @@ def test_qkvpacked_gradients():
     assert rel_err(out, ref) <= 1e-2 and rel_err(qkv.grad, q64.grad) <= 1e-2
 
 
-@pytest.mark.parametrize("paged", [False, True])
-def test_kvcache_append_and_rotary(paged):
+@pytest.mark.parametrize("paged,interleaved,s_new", [(False, False, 1), (True, False, 1), (False, True, 3),
+                                                     (True, True, 2)])
+def test_kvcache_append_and_rotary(paged, interleaved, s_new):
+    """The append and rotary in fa3's call (fa3::fwd_kvcache): the cache bit for bit as PyTorch's
+    rotary makes it (fp32 products, one rounding), the rest of the cache untouched, the attention of
+    the rotated queries vs float64."""
     torch.manual_seed(5)
     b, h, hkv, d, cache_len, page = 3, 8, 2, 128, 512, 64
     lens = torch.tensor([0, 100, 400], dtype=torch.int32, device=DEV)
     k_full, v_full = rand(b, cache_len, hkv, d, dtype=torch.bfloat16), rand(b, cache_len, hkv, d, dtype=torch.bfloat16)
-    k_new, v_new, q = rand(b, 1, hkv, d, dtype=torch.bfloat16), rand(b, 1, hkv, d, dtype=torch.bfloat16), rand(b, 1, h, d, dtype=torch.bfloat16)
+    k_new, v_new = rand(b, s_new, hkv, d, dtype=torch.bfloat16), rand(b, s_new, hkv, d, dtype=torch.bfloat16)
+    q = rand(b, s_new, h, d, dtype=torch.bfloat16)
     theta = torch.rand(cache_len, d // 4, device=DEV) * 6
-    cos, sin = theta.cos(), theta.sin()
+    cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)  # in q's dtype, as FA3 asks
     if paged:
         npages = b * cache_len // page
         page_table = torch.randperm(npages, device=DEV).reshape(b, -1).to(torch.int32)
@@ -155,18 +160,19 @@ def test_kvcache_append_and_rotary(paged):
         page_table, k_cache, v_cache = None, k_full.clone(), v_full.clone()
     out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                       cache_seqlens=lens, page_table=page_table, causal=True,
-                                      rotary_interleaved=False)
+                                      rotary_interleaved=interleaved)
     k_ref, v_ref = k_full.clone(), v_full.clone()
     from fa3.interface import _rotary
     for i in range(b):
         n = int(lens[i])
-        k_ref[i, n] = _rotary(k_new[i:i + 1], cos[None, n:n + 1], sin[None, n:n + 1], False)[0, 0]
-        v_ref[i, n] = v_new[i, 0]
-        q_i = _rotary(q[i:i + 1], cos[None, n:n + 1], sin[None, n:n + 1], False)
-        r, _ = ref_attention(q_i, k_ref[i:i + 1, :n + 1], v_ref[i:i + 1, :n + 1], causal=True)
+        k_ref[i, n:n + s_new] = _rotary(k_new[i:i + 1], cos[None, n:n + s_new], sin[None, n:n + s_new], interleaved)[0]
+        v_ref[i, n:n + s_new] = v_new[i]
+        q_i = _rotary(q[i:i + 1], cos[None, n:n + s_new], sin[None, n:n + s_new], interleaved)
+        r, _ = ref_attention(q_i, k_ref[i:i + 1, :n + s_new], v_ref[i:i + 1, :n + s_new], causal=True)
         assert rel_err(out[i:i + 1], r) <= 1e-2
     got_k = k_cache[page_table.long()].flatten(1, 2) if paged else k_cache
-    assert torch.equal(got_k, k_ref)
+    got_v = v_cache[page_table.long()].flatten(1, 2) if paged else v_cache
+    assert torch.equal(got_k, k_ref) and torch.equal(got_v, v_ref)
 
 
 def test_fp8_forward_error_is_stated():

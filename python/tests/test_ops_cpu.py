@@ -51,6 +51,19 @@ def test_fake_shapes_dense(dq, dv, hq, hkv):
 
 
 @needs_lib
+def test_fwd_kvcache_schema_and_fake_shapes():
+    schema = str(torch.ops.fa3.fwd_kvcache.default._schema)
+    # The caches are written in place (the append), and say so; nothing else is mutated or aliased.
+    assert "Tensor(a!) k_cache" in schema and "Tensor(b!) v_cache" in schema and schema.count("!") == 2
+    q = meta(2, 4, 8, 128)
+    k_cache, v_cache = meta(2, 300, 2, 128), meta(2, 300, 2, 64)
+    k_new, v_new = meta(2, 4, 2, 128), meta(2, 4, 2, 64)
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
+    out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k_new, v_new, lens, causal=True)
+    assert out.shape == (2, 4, 8, 64) and lse.shape == (2, 8, 4) and lse.dtype == torch.float32
+
+
+@needs_lib
 def test_fake_shapes_varlen_and_fp8():
     q, k = meta(100, 8, 64), meta(300, 2, 64)
     cu = torch.empty(4, dtype=torch.int32, device="meta")

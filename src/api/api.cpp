@@ -12,6 +12,7 @@
 #include "src/api/problem.h"
 #include "src/api/status.h"
 #include "src/api/validate.h"
+#include "src/attention/append_kv.h"
 #include "src/attention/combine.h"
 #include "src/fp8/quantize_fp8.h"
 
@@ -66,17 +67,27 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
       {p.page_table, "page_table"}, {p.q_descale, "q_descale"},     {p.k_descale, "k_descale"},
       {p.v_descale, "v_descale"},   {p.workspace, "workspace"},
       {p.q_block_descale.data, "q_block_descale.data"}, {p.k_block_descale.data, "k_block_descale.data"},
-      {p.v_block_descale.data, "v_block_descale.data"}, {p.sinks, "sinks"}};
+      {p.v_block_descale.data, "v_block_descale.data"}, {p.sinks, "sinks"},
+      {p.cache_seqlens, "cache_seqlens"}, {p.k_new.data, "k_new.data"}, {p.v_new.data, "v_new.data"},
+      {p.rotary_cos, "rotary_cos"}, {p.rotary_sin, "rotary_sin"}};
   for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   return ok();
 }
 
 // check_pointers = false: the caller vouches that every pointer is device memory (bindings.h).
+// A KV-cache append runs first (append_kv.h); the attention then reads the parameters it leaves.
 Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_pointers = true) {
   FA3_TRY(validate_fwd(p));
   FA3_TRY(check_device());
   if (check_pointers) FA3_TRY(check_fwd_pointers(*p));
-  const FwdProblem f = make_problem(*p);
+  const size_t append_bytes = attn::append_workspace(*p).bytes;
+  if (p->workspace_bytes < append_bytes)
+    return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the KV-cache append (" +
+                   std::to_string(append_bytes) + " bytes for the key counts and the rotated q); got " +
+                   std::to_string(p->workspace_bytes));
+  if (attn::has_append(*p)) FA3_TRY(attn::launch_append(*p, stream));
+  const fa3_fwd_params a = attn::attention_params(*p);
+  const FwdProblem f = make_problem(a);
   if (hopper_fwd_unsupported_reason(f) == nullptr) return hopper_fwd(f, stream);
   return oracle_fwd(f, stream);
 }
@@ -84,15 +95,21 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
 Status kernel_name_impl(const fa3_fwd_params* p, const char** name) {
   if (name == nullptr) return invalid("name must not be NULL");
   FA3_TRY(validate_fwd(p));
-  *name = hopper_fwd_unsupported_reason(make_problem(*p)) == nullptr ? "hopper" : "reference-gpu";
+  const fa3_fwd_params a = attn::attention_params(*p);
+  *name = hopper_fwd_unsupported_reason(make_problem(a)) == nullptr ? "hopper" : "reference-gpu";
   return ok();
 }
 
+// The append's share (key counts, rotated q), then the decode path's (split-KV partials).
 Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_fwd(p));
-  *bytes = 0;  // only the decode path (split-KV, pack-GQA) needs scratch
-  return hopper_fwd_workspace_bytes(make_problem(*p), bytes);
+  const size_t append_bytes = attn::append_workspace(*p).bytes;
+  const fa3_fwd_params a = attn::attention_params(*p);
+  *bytes = 0;
+  FA3_TRY(hopper_fwd_workspace_bytes(make_problem(a), bytes));
+  *bytes += append_bytes;
+  return ok();
 }
 
 Status quantize_impl(const fa3_quantize_params* p, cudaStream_t stream) {
@@ -219,7 +236,8 @@ const Params* current_layout(const Params* p, Params& copy, std::initializer_lis
   return p;
 }
 const fa3_fwd_params* current_layout(const fa3_fwd_params* p, fa3_fwd_params& copy) {
-  return current_layout<fa3_fwd_params, fa3_fwd_params_init>(p, copy, {FA3_FWD_PARAMS_SIZE_V1, FA3_FWD_PARAMS_SIZE_V2});
+  return current_layout<fa3_fwd_params, fa3_fwd_params_init>(
+      p, copy, {FA3_FWD_PARAMS_SIZE_V1, FA3_FWD_PARAMS_SIZE_V2, FA3_FWD_PARAMS_SIZE_V3});
 }
 const fa3_combine_params* current_layout(const fa3_combine_params* p, fa3_combine_params& copy) {
   return current_layout<fa3_combine_params, fa3_combine_params_init>(p, copy, {FA3_COMBINE_PARAMS_SIZE_V1});

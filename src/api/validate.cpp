@@ -319,6 +319,64 @@ Status check_block_descales(const fa3_fwd_params& p) {
   return ok();
 }
 
+// The KV-cache append with rotary (fa3_c.h: cache_seqlens, k_new / v_new, rotary_cos / rotary_sin).
+Status check_append(const fa3_fwd_params& p) {
+  const bool append = p.k_new.data != nullptr || p.v_new.data != nullptr;
+  const bool rotary = p.rotary_cos != nullptr || p.rotary_sin != nullptr;
+  if (p.cache_seqlens == nullptr && !append && !rotary) return ok();
+  const char* what = append ? "k_new / v_new" : rotary ? "rotary_cos / rotary_sin" : "cache_seqlens";
+  if (p.dtype == FA3_DTYPE_E4M3) return not_supported(std::string(what) + " with dtype e4m3");
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr)
+    return not_supported(std::string(what) + " with cu_seqlens_q or cu_seqlens_k (packed rows)");
+  if (p.cache_seqlens != nullptr) {
+    if (p.seqused_k != nullptr)
+      return invalid("seqused_k must be NULL with cache_seqlens (the keys used are cache_seqlens + seqlen_new)");
+    if (!aligned(p.cache_seqlens, sizeof(int32_t)))
+      return invalid("cache_seqlens must be 4-byte aligned (int32); got " + hex(p.cache_seqlens));
+  }
+  if (append) {
+    if (p.cache_seqlens == nullptr)
+      return invalid("k_new needs cache_seqlens (where each sequence's new keys go); got NULL");
+    if (p.k_new.data == nullptr || p.v_new.data == nullptr)
+      return invalid(std::string(p.k_new.data ? "v_new.data" : "k_new.data") +
+                     " must not be NULL: new keys and new values go together");
+    FA3_TRY(check_positive("seqlen_new", p.seqlen_new));
+    const TensorSpec k_new{"k_new", p.dtype, false, p.batch, p.seqlen_new, p.heads_kv, p.head_dim_qk,
+                           "seqlen_new", "heads_kv", "head_dim_qk"};
+    const TensorSpec v_new{"v_new", p.dtype, false, p.batch, p.seqlen_new, p.heads_kv, p.head_dim_v,
+                           "seqlen_new", "heads_kv", "head_dim_v"};
+    FA3_TRY(check_tensor(p.k_new, k_new, false));
+    FA3_TRY(check_tensor(p.v_new, v_new, false));
+    // K and V are written now: no two positions may share an element (a paged cache: pages x rows).
+    const bool paged = p.page_table != nullptr;
+    const int64_t blocks = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
+    const char* rows_name = paged ? "page_size" : "seqlen_k";
+    FA3_TRY(check_no_overlap(p.k, TensorSpec{"k", p.dtype, false, blocks, rows, p.heads_kv, p.head_dim_qk, rows_name,
+                                             "heads_kv", "head_dim_qk"}));
+    FA3_TRY(check_no_overlap(p.v, TensorSpec{"v", p.dtype, false, blocks, rows, p.heads_kv, p.head_dim_v, rows_name,
+                                             "heads_kv", "head_dim_v"}));
+  }
+  if (rotary) {
+    if (p.rotary_cos == nullptr || p.rotary_sin == nullptr)
+      return invalid(std::string(p.rotary_cos ? "rotary_sin" : "rotary_cos") +
+                     " must not be NULL: the rotary embedding needs both tables");
+    if (p.rotary_dim < 2 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim_qk)
+      return invalid("rotary_dim must be even, in [2, head_dim_qk = " + to_string(p.head_dim_qk) + "]; got " +
+                     to_string(p.rotary_dim));
+    if (p.rotary_rows < p.seqlen_k)
+      return invalid("rotary_rows must be >= seqlen_k = " + to_string(p.seqlen_k) +
+                     " (a row per key position); got " + to_string(p.rotary_rows));
+    if (p.rotary_row_stride < p.rotary_dim / 2)
+      return invalid("rotary_row_stride must be >= rotary_dim / 2 = " + to_string(p.rotary_dim / 2) + "; got " +
+                     to_string(p.rotary_row_stride));
+    if (p.rotary_interleaved != 0 && p.rotary_interleaved != 1)
+      return invalid("rotary_interleaved must be 0 or 1; got " + to_string(p.rotary_interleaved));
+    if (!aligned(p.rotary_cos, 2) || !aligned(p.rotary_sin, 2))
+      return invalid("rotary_cos and rotary_sin must be 2-byte aligned (dtype elements)");
+  }
+  return ok();
+}
+
 Status check_splits(const fa3_fwd_params& p) {
   if (p.num_splits < 0)
     return invalid("num_splits must be >= 0 (0 = automatic, 1 = no split); got " + to_string(p.num_splits));
@@ -368,6 +426,7 @@ Status validate_fwd(const fa3_fwd_params* p) {
   FA3_TRY(check_paged(*p));
   FA3_TRY(check_descale(*p));
   FA3_TRY(check_block_descales(*p));
+  FA3_TRY(check_append(*p));
   FA3_TRY(check_splits(*p));
   FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
   return ok();

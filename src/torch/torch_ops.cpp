@@ -1,4 +1,4 @@
-// fa3's operators for PyTorch: fa3::fwd, fa3::bwd, fa3::combine and fa3::quantize_fp8, registered
+// fa3's operators for PyTorch: fa3::fwd, fa3::bwd, fa3::fwd_kvcache, fa3::combine and fa3::quantize_fp8, registered
 // with the dispatcher through PyTorch's stable ABI (torch/csrc/stable), so that one build serves
 // every torch >= 2.10 and every Python version (the library is loaded with torch.ops.load_library
 // and needs no Python headers).
@@ -332,6 +332,65 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
   return {out, lse};
 }
 
+// The forward with fa3's KV-cache append and rotary (flash_attn_with_kvcache): k_new / v_new [b,
+// s_new, h_kv, d] go into k_cache / v_cache ([b_cache, s_cache, h_kv, d], or pages with page_table) at
+// cache_seqlens (int32 [b]), rotated with rotary_cos / rotary_sin ([rows, rotary_dim / 2], q's dtype)
+// as q is, in the one fa3 call; the caches are mutated (the schema says so), out and LSE are new.
+std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, OptTensor k_new, OptTensor v_new,
+                                       OptTensor cache_seqlens, OptTensor rotary_cos, OptTensor rotary_sin,
+                                       bool rotary_interleaved, OptTensor page_table, int64_t max_seqlen_k,
+                                       double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                                       double softcap, int64_t num_splits, OptTensor sinks) {
+  q = with_unit_head_stride(q);
+  Problem p = make_problem(q, k_cache, v_cache, std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0,
+                           max_seqlen_k, page_table, softmax_scale, causal, window_left, window_right, softcap);
+  fa3::FwdArgs& a = p.args;
+  const auto guard = device_guard(p.device);
+  a.cache_seqlens = int32_vector(cache_seqlens, "cache_seqlens", a.batch, p.device);
+  FA3_TORCH_CHECK(k_new.has_value() == v_new.has_value(), "k_new, v_new: give both or neither");
+  if (k_new.has_value()) {
+    FA3_TORCH_CHECK(k_new->scalar_type() == q.scalar_type() && v_new->scalar_type() == q.scalar_type(),
+                    "k_new, v_new: expected the dtype of q (", dtype_str(q.scalar_type()), ")");
+    FA3_TORCH_CHECK(k_new->dim() == 4 && v_new->dim() == 4 && k_new->size(0) == a.batch &&
+                        v_new->size(0) == a.batch && v_new->size(1) == k_new->size(1),
+                    "k_new, v_new: expected [batch, seqlen_new, heads_kv, head_dim] with q's batch ", a.batch);
+    a.k_new = view_of(*k_new, "k_new", false, p.device);
+    a.v_new = view_of(*v_new, "v_new", false, p.device);
+    a.seqlen_new = static_cast<int32_t>(k_new->size(1));
+  }
+  FA3_TORCH_CHECK(rotary_cos.has_value() == rotary_sin.has_value(), "rotary_cos, rotary_sin: give both or neither");
+  if (rotary_cos.has_value()) {
+    for (const Tensor* t : {&*rotary_cos, &*rotary_sin}) {
+      const char* name = t == &*rotary_cos ? "rotary_cos" : "rotary_sin";
+      check_cuda(*t, name, p.device);
+      FA3_TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->dim() == 2 && (t->size(1) <= 1 || t->stride(1) == 1),
+                      name, ": expected [rows, rotary_dim / 2] in the dtype of q with a contiguous last dim");
+    }
+    FA3_TORCH_CHECK(rotary_sin->size(0) == rotary_cos->size(0) && rotary_sin->size(1) == rotary_cos->size(1) &&
+                        rotary_sin->stride(0) == rotary_cos->stride(0),
+                    "rotary_sin: expected the shape and strides of rotary_cos");
+    a.rotary_cos = rotary_cos->const_data_ptr();
+    a.rotary_sin = rotary_sin->const_data_ptr();
+    a.rotary_dim = static_cast<int32_t>(2 * rotary_cos->size(1));
+    a.rotary_rows = static_cast<int32_t>(rotary_cos->size(0));
+    a.rotary_row_stride = rotary_cos->stride(0);
+    a.rotary_interleaved = rotary_interleaved ? 1 : 0;
+  }
+  a.num_splits = static_cast<int32_t>(num_splits);
+  a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
+  const int32_t out_dtype = a.dtype == FA3_DTYPE_FP16 ? aoti_torch_dtype_float16() : aoti_torch_dtype_bfloat16();
+  Tensor out = new_cuda_tensor({a.batch, a.seqlen_q, a.heads_q, a.head_dim_v}, out_dtype, p.device);
+  Tensor lse = new_cuda_tensor({a.batch, a.heads_q, a.seqlen_q}, aoti_torch_dtype_float32(), p.device);
+  a.out = view_of(out, "out", false, p.device);
+  a.lse = static_cast<float*>(lse.mutable_data_ptr());
+  size_t bytes = 0;
+  throw_if_failed(fa3::workspace_size(a, &bytes), "fwd_kvcache");
+  const std::optional<Tensor> workspace = attach_workspace(a, bytes, p.device);
+  throw_if_failed(fa3::detail::forward_device_tensors(a, static_cast<cudaStream_t>(current_stream(p.device))),
+                  "fwd_kvcache");
+  return {out, lse};
+}
+
 // dsinks: float32 [heads_q] with sinks, else an empty [0] tensor (the schema's outputs are fixed).
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                Tensor softmax_lse, OptTensor cu_seqlens_q,
@@ -493,6 +552,11 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
         "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
         "bool deterministic=False, Tensor? sinks=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
+  m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new=None, Tensor? v_new=None, "
+        "Tensor? cache_seqlens=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=True, "
+        "Tensor? page_table=None, int max_seqlen_k=0, float softmax_scale=0.0, bool causal=False, "
+        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? sinks=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
   m.def("quantize_fp8(Tensor x, int block_size=128, bool hadamard=False, int seed=0) "
         "-> (Tensor out, Tensor descale)");
@@ -501,6 +565,7 @@ STABLE_TORCH_LIBRARY(fa3, m) {
 STABLE_TORCH_LIBRARY_IMPL(fa3, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&fwd));
   m.impl("bwd", TORCH_BOX(&bwd));
+  m.impl("fwd_kvcache", TORCH_BOX(&fwd_kvcache));
   m.impl("combine", TORCH_BOX(&combine));
   m.impl("quantize_fp8", TORCH_BOX(&quantize_fp8));
 }

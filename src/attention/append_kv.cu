@@ -1,0 +1,146 @@
+// The KV-cache append with rotary embedding (append_kv.h). A warp per (row, head): the new keys and
+// values of batch entry b go to cache positions cache_seqlens[b] + i (contiguous or paged), rotated
+// keys first; with rotary each Q row is rotated into the workspace. The data is a decode step's
+// few rows: bandwidth-bound and small next to the attention that follows, so the kernel is plain
+// (lanes on rotation pairs, fp32 math, one rounding to the dtype, as the attention's inputs are).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "src/attention/append_kv.h"
+#include "src/hopper/elem.cuh"
+
+namespace fa3::attn {
+namespace {
+
+constexpr int kWarps = 8;
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// One row's rotary embedding: its first rotary_dim columns as pairs (x1, x2) -> (x1 cos - x2 sin,
+// x1 sin + x2 cos), pair i being columns (2i, 2i + 1) interleaved or (i, i + rotary_dim / 2) not, at
+// table row `pos`; the other columns copied. rotary_dim 0: a copy.
+template <class T>
+__device__ void rotate_row(const fa3_fwd_params& a, const T* src, T* dst, int dim, int pos, int lane) {
+  const int half = a.rotary_cos != nullptr ? a.rotary_dim / 2 : 0;
+  if (half > 0) {
+    const T* cos = static_cast<const T*>(a.rotary_cos) + int64_t(pos) * a.rotary_row_stride;
+    const T* sin = static_cast<const T*>(a.rotary_sin) + int64_t(pos) * a.rotary_row_stride;
+    for (int i = lane; i < half; i += 32) {
+      const int c1 = a.rotary_interleaved ? 2 * i : i, c2 = a.rotary_interleaved ? 2 * i + 1 : i + half;
+      const float x1 = hopper::to_f32(src[c1]), x2 = hopper::to_f32(src[c2]);
+      const float c = hopper::to_f32(cos[i]), s = hopper::to_f32(sin[i]);
+      // Each product and sum rounded on its own (no FMA contraction): the CPU tests repeat it bit for bit.
+      dst[c1] = hopper::from_f32<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+      dst[c2] = hopper::from_f32<T>(__fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c)));
+    }
+  }
+  for (int x = 2 * half + lane; x < dim; x += 32) dst[x] = src[x];
+}
+
+// Where key position `pos` of batch entry b, kv head h lies in K or V (t): contiguous rows, or the
+// page the page table names.
+__device__ int64_t cache_offset(const fa3_fwd_params& a, const fa3_tensor& t, int b, int pos, int h) {
+  if (a.page_table != nullptr) {
+    const int page = a.page_table[int64_t(b) * a.page_table_batch_stride + pos / a.page_size];
+    return int64_t(page) * t.batch_stride + int64_t(pos % a.page_size) * t.row_stride + int64_t(h) * t.head_stride;
+  }
+  return int64_t(b) * t.batch_stride + int64_t(pos) * t.row_stride + int64_t(h) * t.head_stride;
+}
+
+// Work units, a warp each: [batch][seqlen_new][heads_kv] new key/value rows, then (rotate_q)
+// [batch][seqlen_q][heads_q] query rows. Block 0 also writes the key counts.
+template <class T>
+__global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, T* q_out, bool windowed) {
+  const int lane = threadIdx.x % 32;
+  if (blockIdx.x == 0 && seqused != nullptr)
+    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
+      const int have = a.cache_seqlens[b] + (a.k_new.data != nullptr ? a.seqlen_new : 0);
+      seqused[b] = min(have, a.seqlen_k);  // past seqlen_k nothing is written (the caller's contract)
+    }
+  const int64_t kv_units = a.k_new.data != nullptr ? int64_t(a.batch) * a.seqlen_new * a.heads_kv : 0;
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  // Positions past the table (a broken contract) read its last row rather than past it.
+  auto table_row = [&](int pos) { return min(pos, a.rotary_rows - 1); };
+  if (unit < kv_units) {
+    const int h = int(unit % a.heads_kv), i = int(unit / a.heads_kv % a.seqlen_new),
+              b = int(unit / (int64_t(a.heads_kv) * a.seqlen_new));
+    const int pos = (a.cache_seqlens ? a.cache_seqlens[b] : 0) + i;
+    if (pos >= a.seqlen_k) return;
+    const int64_t src = int64_t(b) * a.k_new.batch_stride + int64_t(i) * a.k_new.row_stride + int64_t(h) * a.k_new.head_stride;
+    const int64_t vsrc = int64_t(b) * a.v_new.batch_stride + int64_t(i) * a.v_new.row_stride + int64_t(h) * a.v_new.head_stride;
+    rotate_row<T>(a, static_cast<const T*>(a.k_new.data) + src, static_cast<T*>(a.k.data) + cache_offset(a, a.k, b, pos, h),
+                  a.head_dim_qk, table_row(pos), lane);
+    const T* v_src = static_cast<const T*>(a.v_new.data) + vsrc;
+    T* v_dst = static_cast<T*>(a.v.data) + cache_offset(a, a.v, b, pos, h);
+    for (int x = lane; x < a.head_dim_v; x += 32) v_dst[x] = v_src[x];
+    return;
+  }
+  if (q_out == nullptr) return;
+  const int64_t qu = unit - kv_units;
+  if (qu >= int64_t(a.batch) * a.seqlen_q * a.heads_q) return;
+  const int h = int(qu % a.heads_q), i = int(qu / a.heads_q % a.seqlen_q), b = int(qu / (int64_t(a.heads_q) * a.seqlen_q));
+  // FlashAttention-3's rule: a causal or windowed query sits at the cache's end plus its index,
+  // others at the cache's end.
+  const int pos = (a.cache_seqlens ? a.cache_seqlens[b] : 0) + (windowed ? i : 0);
+  const T* src = static_cast<const T*>(a.q.data) + int64_t(b) * a.q.batch_stride + int64_t(i) * a.q.row_stride +
+                 int64_t(h) * a.q.head_stride;
+  rotate_row<T>(a, src, q_out + ((int64_t(b) * a.seqlen_q + i) * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk,
+                table_row(pos), lane);
+}
+
+}  // namespace
+
+AppendWorkspace append_workspace(const fa3_fwd_params& a) {
+  AppendWorkspace w;
+  if (!has_append(a)) return w;
+  w.rotate_q = a.rotary_cos != nullptr;
+  w.seqused = 0;
+  w.q = align256(a.cache_seqlens != nullptr ? size_t(a.batch) * sizeof(int) : 0);
+  const size_t q_bytes = w.rotate_q ? size_t(a.batch) * a.seqlen_q * a.heads_q * a.head_dim_qk * 2 : 0;
+  w.bytes = align256(w.q + q_bytes);
+  return w;
+}
+
+fa3_fwd_params attention_params(const fa3_fwd_params& a) {
+  fa3_fwd_params r = a;
+  if (!has_append(a)) return r;
+  const AppendWorkspace w = append_workspace(a);
+  uint8_t* base = static_cast<uint8_t*>(a.workspace);
+  if (a.cache_seqlens != nullptr) r.seqused_k = reinterpret_cast<const int32_t*>(base + w.seqused);
+  if (w.rotate_q) {
+    const int64_t d = a.head_dim_qk, h = a.heads_q;
+    r.q = fa3_tensor{base + w.q, int64_t(a.seqlen_q) * h * d, h * d, d};
+  }
+  r.cache_seqlens = nullptr;
+  r.k_new = r.v_new = fa3_tensor{};
+  r.seqlen_new = 0;
+  r.rotary_cos = r.rotary_sin = nullptr;
+  r.rotary_dim = r.rotary_rows = 0;
+  // The attention's own scratch follows (a workspace of exactly the append's share leaves none).
+  r.workspace = base == nullptr || a.workspace_bytes <= w.bytes ? nullptr : base + w.bytes;
+  r.workspace_bytes = a.workspace_bytes > w.bytes ? a.workspace_bytes - w.bytes : 0;
+  return r;
+}
+
+Status launch_append(const fa3_fwd_params& a, cudaStream_t stream) {
+  const AppendWorkspace w = append_workspace(a);
+  uint8_t* base = static_cast<uint8_t*>(a.workspace);
+  int* seqused = a.cache_seqlens != nullptr ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
+  const int64_t kv_units = a.k_new.data != nullptr ? int64_t(a.batch) * a.seqlen_new * a.heads_kv : 0;
+  const int64_t q_units = w.rotate_q ? int64_t(a.batch) * a.seqlen_q * a.heads_q : 0;
+  const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);
+  if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
+  const bool windowed = a.causal != 0 || a.window_left >= 0 || a.window_right >= 0;
+  if (a.dtype == FA3_DTYPE_BF16)
+    append_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(
+        a, seqused, w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed);
+  else
+    append_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(
+        a, seqused, w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr, windowed);
+  FA3_CUDA_TRY(cudaGetLastError());
+  return Status();
+}
+
+}  // namespace fa3::attn

@@ -1,0 +1,37 @@
+// The KV-cache append with rotary embedding (fa3_fwd_params: cache_seqlens, k_new / v_new,
+// rotary_cos / rotary_sin): one small kernel before the attention of the same call writes the new
+// keys (rotated) and values into the cache at each sequence's end, Q's rotated copy and each
+// sequence's new key count into the workspace; the attention then runs on parameters that point
+// there (attention_params), so every attention kernel serves it unchanged.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "fa3/fa3_c.h"
+#include "src/api/status.h"
+
+namespace fa3::attn {
+
+// Whether the call has anything to do before its attention.
+inline bool has_append(const fa3_fwd_params& a) {
+  return a.cache_seqlens != nullptr || a.k_new.data != nullptr || a.rotary_cos != nullptr;
+}
+
+// Its share of the workspace, first in it: the key counts (int32 [batch]) and the rotated Q
+// (contiguous [batch, seqlen_q, heads_q, head_dim_qk] in dtype), each 256-byte aligned; the
+// attention's own scratch (split-KV partials) follows at `bytes`.
+struct AppendWorkspace {
+  size_t seqused = 0, q = 0, bytes = 0;
+  bool rotate_q = false;
+};
+AppendWorkspace append_workspace(const fa3_fwd_params& a);
+
+// The attention's parameters after the append: seqused_k = the key counts in the workspace, q =
+// the rotated copy (with rotary), the append's fields cleared, the workspace past the append's share.
+fa3_fwd_params attention_params(const fa3_fwd_params& a);
+
+// The append kernel on `stream` (validated parameters whose workspace holds append_workspace().bytes).
+Status launch_append(const fa3_fwd_params& a, cudaStream_t stream);
+
+}  // namespace fa3::attn
