@@ -27,6 +27,7 @@ struct AppendCase {
   int page_size = 0;   // > 0: a paged cache with shuffled pages
   int rotary_dim = 64;  // 0: no rotary
   bool interleaved = false, causal = false, sinks = false;
+  bool append = true;  // false: no new keys (cache_seqlens, and rotary of Q alone if rotary_dim)
   int num_splits = 0;  // with a workspace: the decode path's automatic (0) or explicit splits
   std::vector<int> cache_seqlens = {0, 17, 250};
   std::string name() const {
@@ -34,7 +35,7 @@ struct AppendCase {
            std::to_string(heads_kv) + " d" + std::to_string(head_dim) + " new" + std::to_string(seqlen_new) + " sq" +
            std::to_string(seqlen_q) + (page_size ? " paged" + std::to_string(page_size) : "") + " rotary" +
            std::to_string(rotary_dim) + (interleaved ? " interleaved" : "") + (causal ? " causal" : "") +
-           " splits" + std::to_string(num_splits) + (sinks ? " sinks" : "");
+           " splits" + std::to_string(num_splits) + (sinks ? " sinks" : "") + (append ? "" : " no-append");
   }
 };
 
@@ -76,6 +77,7 @@ void run_append_case(const AppendCase& c) {
   SCOPED_TRACE(c.name());
   std::mt19937 g(rng()());
   const int B = int(c.cache_seqlens.size()), d = c.head_dim, hkv = c.heads_kv, hq = c.heads_q;
+  const int s_new = c.append ? c.seqlen_new : 0;  // keys appended per sequence
   const bool paged = c.page_size > 0;
   const int pages_per_seq = paged ? c.capacity / c.page_size : 0, num_pages = B * pages_per_seq;
   // The cache as the kernels see it: [batch][capacity] rows, or [num_pages][page_size] rows.
@@ -101,7 +103,7 @@ void run_append_case(const AppendCase& c) {
   std::vector<std::vector<float>> kk(B), vv(B), qq(B);  // the reference's logical K, V, Q
   for (int b = 0; b < B; ++b) {
     const int n = c.cache_seqlens[b];
-    for (int i = 0; i < c.seqlen_new; ++i)
+    for (int i = 0; i < s_new; ++i)
       for (int h = 0; h < hkv; ++h) {
         std::vector<float> kr(&k_new.f[((size_t(b) * c.seqlen_new + i) * hkv + h) * d],
                               &k_new.f[((size_t(b) * c.seqlen_new + i) * hkv + h) * d] + d);
@@ -111,7 +113,7 @@ void run_append_case(const AppendCase& c) {
           want_v[at(b, n + i, h) + x] = v_new.bits[((size_t(b) * c.seqlen_new + i) * hkv + h) * d + x];
         }
       }
-    for (int j = 0; j < n + c.seqlen_new; ++j)
+    for (int j = 0; j < n + s_new; ++j)
       for (int h = 0; h < hkv; ++h)
         for (int x = 0; x < d; ++x) {
           kk[b].push_back(from_bits(want_k[at(b, j, h) + x], c.dtype));
@@ -167,9 +169,11 @@ void run_append_case(const AppendCase& c) {
   a.lse = static_cast<float*>(dlse.get());
   a.causal = c.causal;
   a.cache_seqlens = static_cast<const int32_t*>(dlens.get());
-  a.k_new = bshd(dkn.get(), c.seqlen_new, hkv, d);
-  a.v_new = bshd(dvn.get(), c.seqlen_new, hkv, d);
-  a.seqlen_new = c.seqlen_new;
+  if (c.append) {
+    a.k_new = bshd(dkn.get(), c.seqlen_new, hkv, d);
+    a.v_new = bshd(dvn.get(), c.seqlen_new, hkv, d);
+    a.seqlen_new = c.seqlen_new;
+  }
   if (c.rotary_dim) {
     a.rotary_cos = dcos.get();
     a.rotary_sin = dsin.get();
@@ -182,7 +186,7 @@ void run_append_case(const AppendCase& c) {
   a.num_splits = c.num_splits;
   size_t bytes = 0;
   ASSERT_TRUE(fa3::workspace_size(a, &bytes).ok());
-  EXPECT_GE(bytes, size_t(B) * 4) << "the key counts live in the workspace";
+  if (c.append) EXPECT_GE(bytes, size_t(B) * 4) << "the key counts live in the workspace";
   DeviceBuffer ws(std::max<size_t>(bytes, 16));
   ws.fill_bytes(0xFF);
   a.workspace = ws.get();
@@ -190,11 +194,12 @@ void run_append_case(const AppendCase& c) {
   const char* kernel = nullptr;
   ASSERT_TRUE(fa3::kernel_name(a, &kernel).ok());
   EXPECT_STREQ(kernel, "hopper");
-  // One byte short of the append's share: refused by name, nothing launched.
-  FwdArgs small = a;
-  small.workspace_bytes = 0;
-  small.workspace = nullptr;
-  EXPECT_NE(fa3::forward(small).message().find("workspace_bytes"), std::string::npos);
+  if (c.append || c.rotary_dim) {  // no workspace for the append's share: refused by name, nothing launched
+    FwdArgs small = a;
+    small.workspace_bytes = 0;
+    small.workspace = nullptr;
+    EXPECT_NE(fa3::forward(small).message().find("workspace_bytes"), std::string::npos);
+  }
   const Status st = fa3::forward(a);
   ASSERT_TRUE(st.ok()) << st.message();
   FA3_CUDA_CHECK(cudaDeviceSynchronize());
@@ -218,7 +223,7 @@ void run_append_case(const AppendCase& c) {
   p.causal = c.causal;
   for (int b = 0; b < B; ++b) {
     p.seqlen_q.push_back(c.seqlen_q);
-    p.seqlen_k.push_back(c.cache_seqlens[b] + c.seqlen_new);
+    p.seqlen_k.push_back(c.cache_seqlens[b] + s_new);
   }
   if (c.sinks) p.sinks.assign(sinks.begin(), sinks.end());
   ref::Inputs in;
@@ -285,6 +290,17 @@ TEST(AppendGpu, AppendAndRotaryAgainstCpu) {
     c.head_dim = 256;
     c.rotary_dim = 32;
     c.interleaved = true;
+    cases.push_back(c);
+  }
+  {
+    AppendCase c;  // no new keys: Q rotated alone, then cache_seqlens alone (seqused_k by another name)
+    c.append = false;
+    c.causal = true;
+    c.seqlen_q = 3;
+    cases.push_back(c);
+    c.rotary_dim = 0;
+    c.page_size = 16;
+    c.capacity = 320;
     cases.push_back(c);
   }
   for (const AppendCase& c : cases) run_append_case(c);

@@ -674,6 +674,10 @@ TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
   ASSERT_TRUE(Passes(fa3::workspace_size(a, &without)));
   EXPECT_GE(without, size_t(kBatch) * 4);
   EXPECT_LT(without, with_rotary);
+  a.k_new = a.v_new = fa3_tensor{};  // cache_seqlens alone is seqused_k: no scratch
+  size_t alone = 1;
+  ASSERT_TRUE(Passes(fa3::workspace_size(a, &alone)));
+  EXPECT_EQ(alone, 0u);
   const char* name = nullptr;
   ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
   EXPECT_STREQ(name, "hopper");

@@ -164,7 +164,7 @@ typedef struct fa3_fwd_params {
    * cache_seqlens: int32 [batch], the keys each sequence's cache (K / V, contiguous or paged) holds
    *   before this call; with it seqused_k must be NULL and the call attends to cache_seqlens[b] +
    *   seqlen_new keys of sequence b (the caller's contract: at most seqlen_k; keys past it are
-   *   neither written nor read).
+   *   neither written nor read). Without k_new it is seqused_k by another name (no workspace).
    * k_new / v_new: [batch, seqlen_new, heads_kv, head_dim_qk / head_dim_v] new keys and values,
    *   written into K / V at positions cache_seqlens[b] + i (needs cache_seqlens; K and V are then
    *   written, so their strides must not overlap).

@@ -80,12 +80,14 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
   FA3_TRY(validate_fwd(p));
   FA3_TRY(check_device());
   if (check_pointers) FA3_TRY(check_fwd_pointers(*p));
-  const size_t append_bytes = attn::append_workspace(*p).bytes;
-  if (p->workspace_bytes < append_bytes)
-    return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the KV-cache append (" +
-                   std::to_string(append_bytes) + " bytes for the key counts and the rotated q); got " +
-                   std::to_string(p->workspace_bytes));
-  if (attn::has_append(*p)) FA3_TRY(attn::launch_append(*p, stream));
+  if (attn::has_append(*p)) {
+    const size_t append_bytes = attn::append_workspace(*p).bytes;
+    if (p->workspace_bytes < append_bytes)
+      return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the KV-cache append (" +
+                     std::to_string(append_bytes) + " bytes for the key counts and the rotated q); got " +
+                     std::to_string(p->workspace_bytes));
+    FA3_TRY(attn::launch_append(*p, stream));
+  }
   const fa3_fwd_params a = attn::attention_params(*p);
   const FwdProblem f = make_problem(a);
   if (hopper_fwd_unsupported_reason(f) == nullptr) return hopper_fwd(f, stream);

@@ -50,15 +50,13 @@ __device__ int64_t cache_offset(const fa3_fwd_params& a, const fa3_tensor& t, in
 }
 
 // Work units, a warp each: [batch][seqlen_new][heads_kv] new key/value rows, then (rotate_q)
-// [batch][seqlen_q][heads_q] query rows. Block 0 also writes the key counts.
+// [batch][seqlen_q][heads_q] query rows. Block 0 also writes the key counts (with new keys).
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, T* q_out, bool windowed) {
   const int lane = threadIdx.x % 32;
   if (blockIdx.x == 0 && seqused != nullptr)
-    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-      const int have = a.cache_seqlens[b] + (a.k_new.data != nullptr ? a.seqlen_new : 0);
-      seqused[b] = min(have, a.seqlen_k);  // past seqlen_k nothing is written (the caller's contract)
-    }
+    for (int b = threadIdx.x; b < a.batch; b += blockDim.x)  // past seqlen_k nothing is written (the caller's contract)
+      seqused[b] = min(a.cache_seqlens[b] + a.seqlen_new, a.seqlen_k);
   const int64_t kv_units = a.k_new.data != nullptr ? int64_t(a.batch) * a.seqlen_new * a.heads_kv : 0;
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   // Positions past the table (a broken contract) read its last row rather than past it.
@@ -97,7 +95,7 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
   if (!has_append(a)) return w;
   w.rotate_q = a.rotary_cos != nullptr;
   w.seqused = 0;
-  w.q = align256(a.cache_seqlens != nullptr ? size_t(a.batch) * sizeof(int) : 0);
+  w.q = align256(a.k_new.data != nullptr ? size_t(a.batch) * sizeof(int) : 0);
   const size_t q_bytes = w.rotate_q ? size_t(a.batch) * a.seqlen_q * a.heads_q * a.head_dim_qk * 2 : 0;
   w.bytes = align256(w.q + q_bytes);
   return w;
@@ -105,21 +103,25 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
 
 fa3_fwd_params attention_params(const fa3_fwd_params& a) {
   fa3_fwd_params r = a;
+  if (a.cache_seqlens == nullptr && !has_append(a)) return r;
+  r.seqused_k = a.cache_seqlens;  // (validated: seqused_k is NULL with cache_seqlens)
+  r.cache_seqlens = nullptr;
   if (!has_append(a)) return r;
   const AppendWorkspace w = append_workspace(a);
+  // (kernel_name and the workspace query pass no workspace: shapes are all they read then)
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
-  if (a.cache_seqlens != nullptr) r.seqused_k = reinterpret_cast<const int32_t*>(base + w.seqused);
+  auto at = [&](size_t offset) { return base != nullptr ? base + offset : nullptr; };
+  if (a.k_new.data != nullptr) r.seqused_k = reinterpret_cast<const int32_t*>(at(w.seqused));
   if (w.rotate_q) {
     const int64_t d = a.head_dim_qk, h = a.heads_q;
-    r.q = fa3_tensor{base + w.q, int64_t(a.seqlen_q) * h * d, h * d, d};
+    r.q = fa3_tensor{at(w.q), int64_t(a.seqlen_q) * h * d, h * d, d};
   }
-  r.cache_seqlens = nullptr;
   r.k_new = r.v_new = fa3_tensor{};
   r.seqlen_new = 0;
   r.rotary_cos = r.rotary_sin = nullptr;
   r.rotary_dim = r.rotary_rows = 0;
   // The attention's own scratch follows (a workspace of exactly the append's share leaves none).
-  r.workspace = base == nullptr || a.workspace_bytes <= w.bytes ? nullptr : base + w.bytes;
+  r.workspace = a.workspace_bytes <= w.bytes ? nullptr : at(w.bytes);
   r.workspace_bytes = a.workspace_bytes > w.bytes ? a.workspace_bytes - w.bytes : 0;
   return r;
 }
@@ -127,7 +129,7 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a) {
 Status launch_append(const fa3_fwd_params& a, cudaStream_t stream) {
   const AppendWorkspace w = append_workspace(a);
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
-  int* seqused = a.cache_seqlens != nullptr ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
+  int* seqused = a.k_new.data != nullptr ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
   const int64_t kv_units = a.k_new.data != nullptr ? int64_t(a.batch) * a.seqlen_new * a.heads_kv : 0;
   const int64_t q_units = w.rotate_q ? int64_t(a.batch) * a.seqlen_q * a.heads_q : 0;
   const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);

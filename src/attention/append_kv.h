@@ -2,7 +2,8 @@
 // rotary_cos / rotary_sin): one small kernel before the attention of the same call writes the new
 // keys (rotated) and values into the cache at each sequence's end, Q's rotated copy and each
 // sequence's new key count into the workspace; the attention then runs on parameters that point
-// there (attention_params), so every attention kernel serves it unchanged.
+// there (attention_params), so every attention kernel serves it unchanged. cache_seqlens without
+// new keys is the attention's seqused_k as it is: no kernel, no workspace.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -13,14 +14,12 @@
 
 namespace fa3::attn {
 
-// Whether the call has anything to do before its attention.
-inline bool has_append(const fa3_fwd_params& a) {
-  return a.cache_seqlens != nullptr || a.k_new.data != nullptr || a.rotary_cos != nullptr;
-}
+// Whether the call has work before its attention (new keys to write, or a Q to rotate).
+inline bool has_append(const fa3_fwd_params& a) { return a.k_new.data != nullptr || a.rotary_cos != nullptr; }
 
-// Its share of the workspace, first in it: the key counts (int32 [batch]) and the rotated Q
-// (contiguous [batch, seqlen_q, heads_q, head_dim_qk] in dtype), each 256-byte aligned; the
-// attention's own scratch (split-KV partials) follows at `bytes`.
+// Its share of the workspace, first in it: the key counts (int32 [batch], with new keys) and the
+// rotated Q (contiguous [batch, seqlen_q, heads_q, head_dim_qk] in dtype), each 256-byte aligned;
+// the attention's own scratch (split-KV partials) follows at `bytes`.
 struct AppendWorkspace {
   size_t seqused = 0, q = 0, bytes = 0;
   bool rotate_q = false;

@@ -243,6 +243,28 @@ Tensor with_unit_head_stride(const Tensor& t) {
   return torch::stable::contiguous(t);
 }
 
+// A forward's outputs (O with q's leading shape and head_dim_v, contiguous; LSE [b, h, s] or
+// [h, total_q]), its workspace, and the call on the current stream. Every pointer is a CUDA
+// tensor's on this device (checked by the callers): fa3's pointer checks are skipped.
+std::tuple<Tensor, Tensor> run_forward(Problem& p, const char* op) {
+  fa3::FwdArgs& a = p.args;
+  const int32_t out_dtype =
+      a.out_dtype == FA3_DTYPE_FP16 ? aoti_torch_dtype_float16() : aoti_torch_dtype_bfloat16();
+  Tensor out = p.varlen_q
+      ? new_cuda_tensor({a.total_q, a.heads_q, a.head_dim_v}, out_dtype, p.device)
+      : new_cuda_tensor({a.batch, a.seqlen_q, a.heads_q, a.head_dim_v}, out_dtype, p.device);
+  Tensor lse = p.varlen_q
+      ? new_cuda_tensor({a.heads_q, a.total_q}, aoti_torch_dtype_float32(), p.device)
+      : new_cuda_tensor({a.batch, a.heads_q, a.seqlen_q}, aoti_torch_dtype_float32(), p.device);
+  a.out = view_of(out, "out", p.varlen_q, p.device);
+  a.lse = static_cast<float*>(lse.mutable_data_ptr());
+  size_t bytes = 0;
+  throw_if_failed(fa3::workspace_size(a, &bytes), op);
+  const std::optional<Tensor> workspace = attach_workspace(a, bytes, p.device);
+  throw_if_failed(fa3::detail::forward_device_tensors(a, static_cast<cudaStream_t>(current_stream(p.device))), op);
+  return {out, lse};
+}
+
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlens_q,
                                OptTensor cu_seqlens_k, OptTensor seqused_q, OptTensor seqused_k,
                                int64_t max_seqlen_q, int64_t max_seqlen_k, OptTensor page_table,
@@ -311,25 +333,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
   a.num_splits = static_cast<int32_t>(num_splits);
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
 
-  // Outputs: O with q's leading shape and head_dim_v (contiguous), LSE [b, h, s] or [h, total_q].
-  const int32_t out_dtype =
-      a.out_dtype == FA3_DTYPE_FP16 ? aoti_torch_dtype_float16() : aoti_torch_dtype_bfloat16();
-  Tensor out = p.varlen_q
-      ? new_cuda_tensor({a.total_q, a.heads_q, a.head_dim_v}, out_dtype, p.device)
-      : new_cuda_tensor({a.batch, a.seqlen_q, a.heads_q, a.head_dim_v}, out_dtype, p.device);
-  Tensor lse = p.varlen_q
-      ? new_cuda_tensor({a.heads_q, a.total_q}, aoti_torch_dtype_float32(), p.device)
-      : new_cuda_tensor({a.batch, a.heads_q, a.seqlen_q}, aoti_torch_dtype_float32(), p.device);
-  a.out = view_of(out, "out", p.varlen_q, p.device);
-  a.lse = static_cast<float*>(lse.mutable_data_ptr());
-
-  size_t bytes = 0;
-  throw_if_failed(fa3::workspace_size(a, &bytes), "fwd");
-  const std::optional<Tensor> workspace = attach_workspace(a, bytes, p.device);
-  // Every pointer is a CUDA tensor's on this device (checked above): skip fa3's pointer checks.
-  throw_if_failed(fa3::detail::forward_device_tensors(a, static_cast<cudaStream_t>(current_stream(p.device))),
-                  "fwd");
-  return {out, lse};
+  return run_forward(p, "fwd");
 }
 
 // The forward with fa3's KV-cache append and rotary (flash_attn_with_kvcache): k_new / v_new [b,
@@ -378,17 +382,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
   }
   a.num_splits = static_cast<int32_t>(num_splits);
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
-  const int32_t out_dtype = a.dtype == FA3_DTYPE_FP16 ? aoti_torch_dtype_float16() : aoti_torch_dtype_bfloat16();
-  Tensor out = new_cuda_tensor({a.batch, a.seqlen_q, a.heads_q, a.head_dim_v}, out_dtype, p.device);
-  Tensor lse = new_cuda_tensor({a.batch, a.heads_q, a.seqlen_q}, aoti_torch_dtype_float32(), p.device);
-  a.out = view_of(out, "out", false, p.device);
-  a.lse = static_cast<float*>(lse.mutable_data_ptr());
-  size_t bytes = 0;
-  throw_if_failed(fa3::workspace_size(a, &bytes), "fwd_kvcache");
-  const std::optional<Tensor> workspace = attach_workspace(a, bytes, p.device);
-  throw_if_failed(fa3::detail::forward_device_tensors(a, static_cast<cudaStream_t>(current_stream(p.device))),
-                  "fwd_kvcache");
-  return {out, lse};
+  return run_forward(p, "fwd_kvcache");
 }
 
 // dsinks: float32 [heads_q] with sinks, else an empty [0] tensor (the schema's outputs are fixed).
