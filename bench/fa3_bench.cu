@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@
 #include "src/api/dispatch.h"
 #include "src/api/problem.h"
 #include "src/attention/fwd_config.h"
+#include "src/attention/fwd_params.h"
 
 namespace {
 
@@ -250,6 +253,25 @@ void print(const Result& r) {
   std::fflush(stdout);
 }
 
+// A launch with nothing around it: the floor under fa3's host cost on this host. The argument is
+// as large as the forward kernels' (a kernel's parameters are copied into the launch at each call).
+__global__ void empty_kernel(fa3::attn::FwdKernelParams) {}
+
+// Best of 20 bursts of 200 calls of `call`, in us per call (burst 0 warms the caches).
+template <class F>
+double best_burst(F&& call) {
+  double best = 1e30;
+  for (int burst = 0; burst < 21; ++burst) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200; ++i) call();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 200;
+    if (burst > 0) best = std::min(best, us);
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  return best;
+}
+
 // The host cost of fa3::forward: bursts of back-to-back calls on one tiny problem (short enough
 // that the launch queue never fills, so the host never waits for the GPU), the GPU drained between
 // bursts; the best burst's time per call. The problem's tensors stay the same from call to call, as
@@ -293,22 +315,50 @@ void host_cost() {
     if (bytes) CHECK_CUDA(cudaMalloc(&ws, bytes));
     a.workspace = ws;
     a.workspace_bytes = bytes;
-    double best = 1e30;
-    for (int burst = 0; burst < 21; ++burst) {
-      CHECK_CUDA(cudaDeviceSynchronize());
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < 200; ++i)
-        if (!fa3::forward(a).ok()) std::exit(2);
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 200;
-      if (burst > 0) best = std::min(best, us);  // (burst 0 warms the caches)
-    }
-    CHECK_CUDA(cudaDeviceSynchronize());
+    const double best = best_burst([&] {
+      if (!fa3::forward(a).ok()) std::exit(2);
+    });
+    const char* name = nullptr;
+    const double checks = best_burst([&] {  // validation and the dispatch's choice, no launch
+      if (!fa3::kernel_name(a, &name).ok()) std::exit(2);
+    });
+    // The dispatch and launch alone (no validation, device or pointer checks): the problem as the
+    // API layer hands it over.
+    const fa3::detail::FwdProblem problem = fa3::detail::make_problem(a);
+    const double launch_only = best_burst([&] {
+      if (!fa3::detail::hopper_fwd(problem, nullptr).ok()) std::exit(2);
+    });
     const char* kernel = nullptr;
     std::string instance;
     fa3::kernel_name(a, &kernel);
     fa3::detail::hopper_fwd_instance(fa3::detail::make_problem(a), &instance);
-    std::printf("  %-42s %6.2f  (%s, workspace %zu bytes)\n", sh.name, best, instance.c_str(), bytes);
+    std::printf("  %-42s %6.2f  (%s, workspace %zu bytes; validation and dispatch alone %.2f, dispatch and "
+                "launch alone %.2f)\n", sh.name, best, instance.c_str(), bytes, checks, launch_only);
     for (void* p : {q, k, v, out, lse, ws}) cudaFree(p);
+  }
+  fa3::attn::FwdKernelParams blob{};
+  const double bare = best_burst([&] {
+    empty_kernel<<<1, 32>>>(blob);
+    CHECK_CUDA(cudaGetLastError());
+  });
+  std::printf("  %-42s %6.2f  (an empty kernel, %zu bytes of parameters, <<<>>>)\n", "bare launch", bare,
+              sizeof blob);
+  // The same through the driver with the function looked up once (the runtime's <<<>>> finds the
+  // function and the current context at each call).
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault, &found));
+  cudaFunction_t fn = nullptr;
+  CHECK_CUDA(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(empty_kernel)));
+  if (found == cudaDriverEntryPointSuccess && entry != nullptr) {
+    auto launch = reinterpret_cast<PFN_cuLaunchKernel_v4000>(entry);
+    const double driver = best_burst([&] {
+      void* args[] = {&blob};
+      if (launch(reinterpret_cast<CUfunction>(fn), 1, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr) != CUDA_SUCCESS)
+        std::exit(2);
+    });
+    std::printf("  %-42s %6.2f  (the same through cuLaunchKernel, function looked up once)\n", "bare launch, driver",
+                driver);
   }
 }
 

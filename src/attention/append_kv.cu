@@ -10,6 +10,7 @@
 
 #include "src/attention/append_kv.h"
 #include "src/hopper/elem.cuh"
+#include "src/hopper/launch.h"
 
 namespace fa3::attn {
 namespace {
@@ -136,13 +137,12 @@ Status launch_append(const fa3_fwd_params& a, cudaStream_t stream) {
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
   const bool windowed = a.causal != 0 || a.window_left >= 0 || a.window_right >= 0;
   if (a.dtype == FA3_DTYPE_BF16)
-    append_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(
-        a, seqused, w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed);
-  else
-    append_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(
-        a, seqused, w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr, windowed);
-  FA3_CUDA_TRY(cudaGetLastError());
-  return Status();
+    return hopper::launch<append_kernel<__nv_bfloat16>>(
+        unsigned(blocks), kWarps * 32, 0, stream, a, seqused,
+        w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed);
+  return hopper::launch<append_kernel<__half>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused,
+                                               w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr,
+                                               windowed);
 }
 
 }  // namespace fa3::attn

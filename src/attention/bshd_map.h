@@ -62,18 +62,6 @@ inline Status sm_count(int* count) {
   return Status();
 }
 
-// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes) once per kernel and device (the
-// setting stays with the function in the device's context); `done` is the kernel's own flag word.
-inline Status set_smem_once(const void* kernel, int bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  FA3_CUDA_TRY(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit && (done.load(std::memory_order_relaxed) & bit)) return Status();
-  FA3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit, std::memory_order_relaxed);
-  return Status();
-}
-
 // Shape, windows and the exp2 scales: softcap's factor c joins scale_log2 (exp2 of
 // c * log2(e) * tanh(scale * s / c), score_mod.cuh), else scale * log2(e).
 inline void set_problem_params(FwdKernelParams& p, const detail::FwdProblem& f, bool softcap) {

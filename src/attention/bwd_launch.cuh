@@ -9,6 +9,7 @@
 #include "src/attention/bwd_launch.h"
 #include "src/attention/bwd_prepost.cuh"
 #include "src/attention/sink_grad.h"
+#include "src/hopper/launch.h"
 
 namespace fa3::attn {
 
@@ -51,8 +52,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.ws_rows = ws.rows;
   if (ws.seqlen_q_rounded > 0) {
     const dim3 grid((ws.seqlen_q_rounded + kPrepostWarps - 1) / kPrepostWarps, a.heads_q, a.batch);
-    bwd_preprocess_kernel<Elem><<<grid, kPrepostWarps * 32, 0, stream>>>(pp);
-    FA3_CUDA_TRY(cudaGetLastError());
+    FA3_TRY((hopper::launch<bwd_preprocess_kernel<Elem>>(grid, kPrepostWarps * 32, 0, stream, pp)));
   }
   if (b.dsinks != nullptr)  // from the LSE2 and D just written (sink_grad.h)
     FA3_TRY(launch_sink_grad(sink_grad_params(b, lse2, 1.f, delta, &ws.rows), stream));
@@ -93,16 +93,11 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   p.dq_order = Feat::kMasked ? kDqOrderDecreasing
                : (n_blocks <= m_blocks && n_blocks <= sms) ? kDqOrderRotating : kDqOrderIncreasing;
   if (n_blocks > 0) {
-    auto kernel = bwd_kernel<Elem, Cfg, Feat>;
-    constexpr int kSmem = BwdSmem<Cfg>::kBytes;
-    static std::atomic<uint64_t> smem_set{0};
-    FA3_TRY(set_smem_once(reinterpret_cast<const void*>(kernel), kSmem, smem_set));
-    kernel<<<dim3(n_blocks, a.heads_kv, a.batch), BwdLaunchShape::kThreads, kSmem, stream>>>(p);
-    FA3_CUDA_TRY(cudaGetLastError());
+    FA3_TRY((hopper::launch<bwd_kernel<Elem, Cfg, Feat>>(dim3(n_blocks, a.heads_kv, a.batch), BwdLaunchShape::kThreads,
+                                                        BwdSmem<Cfg>::kBytes, stream, p)));
   }
   if (m_blocks > 0) {
-    bwd_postprocess_kernel<Elem><<<dim3(m_blocks, a.heads_q, a.batch), 256, 0, stream>>>(pp);
-    FA3_CUDA_TRY(cudaGetLastError());
+    FA3_TRY((hopper::launch<bwd_postprocess_kernel<Elem>>(dim3(m_blocks, a.heads_q, a.batch), 256, 0, stream, pp)));
   }
   return Status();
 }

@@ -12,6 +12,7 @@
 
 #include "src/attention/combine.h"
 #include "src/attention/sink.cuh"
+#include "src/hopper/launch.h"
 
 namespace fa3::attn {
 namespace {
@@ -114,9 +115,7 @@ Status launch_combine_as(const CombineParams& p, cudaStream_t stream) {
   if (row_blocks == 0) return Status();
   if (row_blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "combine: seqlen * heads too large");
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
-  combine_kernel<Elem><<<grid, kWarps * 32, 0, stream>>>(p);
-  FA3_CUDA_TRY(cudaGetLastError());
-  return Status();
+  return hopper::launch<combine_kernel<Elem>>(grid, kWarps * 32, 0, stream, p);
 }
 
 }  // namespace

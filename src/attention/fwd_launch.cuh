@@ -13,6 +13,7 @@
 #include "src/attention/fwd_kernel.cuh"
 #include "src/attention/fwd_launch.h"
 #include "src/attention/split_workspace.h"
+#include "src/hopper/launch.h"
 
 namespace fa3::attn {
 
@@ -99,17 +100,13 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     p.v_block = a.v_block_descale;
   }
 
-  auto kernel = fwd_kernel<Elem, Cfg, Feat>;
-  constexpr int kSmem = FwdSmem<Cfg>::kBytes;
-  static std::atomic<uint64_t> smem_set{0};
-  FA3_TRY(set_smem_once(reinterpret_cast<const void*>(kernel), kSmem, smem_set));
   int sms = 0;
   FA3_TRY(sm_count(&sms));
   const int grid = std::min(p.num_tiles, sms);
   const int num_bh = a.batch * a.heads_q;
   p.pair_rounds = pair_rounds(num_bh, p.num_m_blocks, grid, pair_slack(num_bh, p.num_m_blocks, grid));
-  kernel<<<grid, FwdLaunchShape<Cfg>::kThreads, kSmem, stream>>>(p);
-  FA3_CUDA_TRY(cudaGetLastError());
+  FA3_TRY((hopper::launch<fwd_kernel<Elem, Cfg, Feat>>(grid, FwdLaunchShape<Cfg>::kThreads, FwdSmem<Cfg>::kBytes,
+                                                       stream, p)));
   if constexpr (Feat::kSplit)
     if (f.num_splits > 1) return launch_combine(combine_params(a, ws, p.o_partial, p.lse_partial), stream);
   return Status();

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "src/attention/sink_grad.h"
+#include "src/hopper/launch.h"
 
 namespace fa3::attn {
 namespace {
@@ -42,9 +43,7 @@ __global__ void __launch_bounds__(kThreads) sink_grad_kernel(const SinkGradParam
 }  // namespace
 
 Status launch_sink_grad(const SinkGradParams& p, cudaStream_t stream) {
-  sink_grad_kernel<<<p.heads_q, kThreads, 0, stream>>>(p);
-  FA3_CUDA_TRY(cudaGetLastError());
-  return Status();
+  return hopper::launch<sink_grad_kernel>(p.heads_q, kThreads, 0, stream, p);
 }
 
 }  // namespace fa3::attn

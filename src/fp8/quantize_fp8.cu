@@ -16,6 +16,7 @@
 
 #include "src/api/status.h"
 #include "src/fp8/quantize_fp8.h"
+#include "src/hopper/launch.h"
 
 namespace fa3::fp8 {
 namespace {
@@ -195,13 +196,12 @@ Status launch_typed(const fa3_quantize_params& p, cudaStream_t stream) {
   const dim3 grid(unsigned((p.seqlen + span - 1) / span) * unsigned(p.heads), p.batch);
   if (grid.x == 0) return detail::ok();
   const int lanes = (p.head_dim + 7) / 8;
-  if (lanes <= 2) quantize_kernel<T, 2><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (lanes <= 4) quantize_kernel<T, 4><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (lanes <= 8) quantize_kernel<T, 8><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (lanes <= 16) quantize_kernel<T, 16><<<grid, kWarps * 32, 0, stream>>>(p);
-  else quantize_kernel<T, 32><<<grid, kWarps * 32, 0, stream>>>(p);
-  FA3_CUDA_TRY(cudaGetLastError());
-  return detail::ok();
+  const int threads = kWarps * 32;
+  if (lanes <= 2) return hopper::launch<quantize_kernel<T, 2>>(grid, threads, 0, stream, p);
+  if (lanes <= 4) return hopper::launch<quantize_kernel<T, 4>>(grid, threads, 0, stream, p);
+  if (lanes <= 8) return hopper::launch<quantize_kernel<T, 8>>(grid, threads, 0, stream, p);
+  if (lanes <= 16) return hopper::launch<quantize_kernel<T, 16>>(grid, threads, 0, stream, p);
+  return hopper::launch<quantize_kernel<T, 32>>(grid, threads, 0, stream, p);
 }
 
 }  // namespace

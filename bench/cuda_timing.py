@@ -1,0 +1,19 @@
+"""CUDA-event timing shared by the Python benchmarks."""
+
+
+def time_ms(torch, fn, rep, warmup=5):
+    """Median over `rep` calls of fn's GPU time in ms (CUDA events around each call, after `warmup`
+    calls); torch is passed in so that importing this module needs no torch."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]

@@ -1,0 +1,92 @@
+"""Context parallelism: attention over sequences split across the ranks of a torch.distributed group.
+
+    import fa3.distributed as cp
+    q_local = cp.shard(q, world, rank)       # likewise k, v: this rank's chunks (zigzag by default)
+    out_local = cp.ring_attn_func(q_local, k_local, v_local, causal=True)   # group: default group
+    out = cp.unshard(gathered_outputs)        # (all ranks' shards, in rank order)
+
+Ring attention (ring.py): every rank keeps its query shard; K/V shards go round the ring by NCCL
+point-to-point transfers that overlap the current shard's attention; partial outputs merge through
+their LSE (merge.py); the backward sends dK/dV accumulators round behind the K/V shards. Causal
+attention uses the zigzag layout (layout.py) so that every rank does the same work. Packed (varlen)
+batches shard each sequence: :func:`ring_attn_varlen_func` with :func:`local_cu_seqlens`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .blocks import Fa3Blocks
+from .exchange import RingExchange
+from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
+from .ring import RingAttention, RingSpec
+from .rows import ShardRows
+
+__all__ = ["ring_attn_func", "ring_attn_varlen_func", "shard", "unshard", "shard_varlen", "unshard_varlen",
+           "local_cu_seqlens", "LAYOUTS"]
+
+
+def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not softmax_scale > 0:
+        raise ValueError(f"fa3.distributed: softmax_scale: expected a positive number or None, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _check_shards(q, k, v, seq_dim: int, layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"fa3.distributed: layout: expected one of {LAYOUTS}, got {layout!r}")
+    if not (q.shape[seq_dim] == k.shape[seq_dim] == v.shape[seq_dim]):
+        raise ValueError("fa3.distributed: q, k and v must be shards of one sequence (the same length along "
+                         f"dim {seq_dim}), got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
+
+
+def _run(q, k, v, rows, *, softmax_scale, causal, softcap, group, layout, deterministic):
+    scale = _scale(softmax_scale, q.shape[-1])
+    spec = RingSpec(exchange=RingExchange(group), rows=rows, causal=causal, layout=layout, scale=scale,
+                    softcap=float(softcap), deterministic=deterministic, blocks=Fa3Blocks)
+    return RingAttention.apply(q, k, v, spec)
+
+
+def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
+                   causal: bool = False, softcap: float = 0.0, group=None, layout: str = "zigzag",
+                   deterministic: bool = False, return_lse: bool = False):
+    """Attention of this rank's shards q, k, v [batch, seqlen_local, heads, head_dim] (each rank's
+    from :func:`shard` with the same ``layout``) over the whole sequence held by ``group``.
+
+    Returns this rank's output shard [batch, seqlen_local, heads, head_dim_v] (and its LSE, float32
+    [batch, heads, seqlen_local], natural log, with ``return_lse``). Differentiable in q, k, v; the
+    backward is a ring of its own. GQA/MQA, softcap and fa3's head dims and dtypes (fp16/bf16) as
+    in :func:`fa3.flash_attn_func`; sliding windows are not offered (a window spans shards).
+    """
+    _check_shards(q, k, v, 1, layout)
+    if layout == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"fa3.distributed: the zigzag layout holds two equal chunks per rank: seqlen_local "
+                         f"{q.shape[1]} must be even")
+    out, lse = _run(q, k, v, ShardRows(seqlen=q.shape[1]), softmax_scale=softmax_scale, causal=causal,
+                    softcap=softcap, group=group, layout=layout, deterministic=deterministic)
+    return (out, lse) if return_lse else out
+
+
+def ring_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                          max_seqlen: int, softmax_scale: Optional[float] = None, causal: bool = False,
+                          softcap: float = 0.0, group=None, layout: str = "zigzag", deterministic: bool = False,
+                          return_lse: bool = False):
+    """:func:`ring_attn_func` for packed sequences: q, k, v [total_local, heads, head_dim] from
+    :func:`shard_varlen`, ``cu_seqlens`` this rank's (int32, :func:`local_cu_seqlens` of the
+    global ones) and ``max_seqlen`` its longest shard of a sequence. LSE: [heads, total_local]."""
+    _check_shards(q, k, v, 0, layout)
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.device != q.device:
+        raise ValueError("fa3.distributed: cu_seqlens: expected a 1-D int32 tensor on q's device, got "
+                         f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")
+    if layout == "zigzag" and max_seqlen % 2:
+        raise ValueError("fa3.distributed: the zigzag layout holds two equal chunks of each sequence per "
+                         f"rank: max_seqlen {max_seqlen} must be even (every local length is)")
+    rows = ShardRows(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), total=q.shape[0])
+    out, lse = _run(q, k, v, rows, softmax_scale=softmax_scale, causal=causal, softcap=softcap, group=group,
+                    layout=layout, deterministic=deterministic)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,36 @@
+"""One ring step's attention on fa3's operators: local queries against one visiting K/V shard.
+
+The forward returns the block's (O, LSE); the backward takes the final O and LSE of the rows (not
+the block's), which makes fa3's backward give exactly the block's share of dQ, dK and dV: with
+P = exp(S - LSE_final) and D = rowsum(dO * O_final), dS = P (dP - D) sums over blocks to the full
+gradient. Anything with the same two static methods can stand in (the tests' float64 reference).
+"""
+
+from __future__ import annotations
+
+from .. import _ops
+from .rows import Rows
+
+__all__ = ["Fa3Blocks"]
+
+
+def _seq_args(q_rows: Rows, kv_rows: Rows) -> dict:
+    if not q_rows.packed:
+        return {}
+    return dict(cu_seqlens_q=q_rows.cu_seqlens, cu_seqlens_k=kv_rows.cu_seqlens,
+                max_seqlen_q=q_rows.max_seqlen, max_seqlen_k=kv_rows.max_seqlen)
+
+
+class Fa3Blocks:
+    @staticmethod
+    def forward(q, k, v, q_rows: Rows, kv_rows: Rows, *, causal: bool, scale: float, softcap: float):
+        out, lse = _ops.fwd(q, k, v, softmax_scale=scale, causal=causal, softcap=softcap,
+                            **_seq_args(q_rows, kv_rows))
+        return out, lse
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, q_rows: Rows, kv_rows: Rows, *, causal: bool, scale: float,
+                 softcap: float, deterministic: bool):
+        dq, dk, dv, _ = _ops.bwd(dout, q, k, v, out, lse, softmax_scale=scale, causal=causal,
+                                 softcap=softcap, deterministic=deterministic, **_seq_args(q_rows, kv_rows))
+        return dq, dk, dv

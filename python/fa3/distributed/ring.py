@@ -1,0 +1,116 @@
+"""Ring attention: each rank keeps its queries while the K/V shards travel around the ring.
+
+Forward, on rank r of W: at step t the shard of rank (r - t) mod W is here; the transfer of it to
+rank r+1 (and of the next one from rank r-1) starts before the step's attention and is waited for
+after it, so the exchange hides under the compute; the step's (O, LSE) folds into a running
+float32 (O, LSE) (merge.py).
+
+Backward: the K/V shards travel the same way, followed by float32 dK/dV accumulators: the one for
+shard s gathers every rank's share of dK_s/dV_s on its way round and, after W hops, is back on
+rank s. dQ accumulates locally in float32. Each step's attention backward reads the final O and
+LSE (blocks.py), and each accumulator's hop overlaps the next step's attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .layout import ALL, step_plan
+from .merge import merge_
+from .rows import ShardRows
+
+__all__ = ["RingSpec", "ring_forward", "ring_backward", "RingAttention"]
+
+
+@dataclass
+class RingSpec:
+    """Everything a ring call needs besides its tensors."""
+    exchange: Any          # .rank, .world, .start(tensors) -> handle with .wait() (exchange.py)
+    rows: ShardRows        # the shard's row sets (BSHD or packed)
+    causal: bool
+    layout: str
+    scale: float
+    softcap: float = 0.0
+    deterministic: bool = False
+    blocks: Any = None     # forward/backward of one block (blocks.Fa3Blocks by default)
+
+
+def _lse_shape(q: torch.Tensor, rows: ShardRows):
+    # fa3's LSE: BSHD [b, h, s]; packed [h, total].
+    return (q.shape[1], q.shape[0]) if rows[ALL].packed else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def ring_forward(q, k, v, spec: RingSpec):
+    """(out in q's dtype, lse float32) of the local queries against every rank's keys."""
+    ex, W, r = spec.exchange, spec.exchange.world, spec.exchange.rank
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32, device=q.device)
+    lse = torch.full(_lse_shape(q, spec.rows), float("-inf"), dtype=torch.float32, device=q.device)
+    k_cur, v_cur = k.contiguous(), v.contiguous()
+    for t in range(W):
+        pending = ex.start([k_cur, v_cur]) if t < W - 1 else None
+        plan = step_plan(r, (r - t) % W, W, spec.causal, spec.layout)
+        if plan is not None:
+            qr, kr = spec.rows[plan.q_rows], spec.rows[plan.kv_rows]
+            o, l = spec.blocks.forward(qr.take(q), kr.take(k_cur), kr.take(v_cur), qr, kr, causal=plan.causal,
+                                       scale=spec.scale, softcap=spec.softcap)
+            o_acc, l_acc = qr.take(out), qr.take_lse(lse)
+            merge_(o_acc, l_acc, o, l)
+            qr.put(out, o_acc, lse, l_acc)
+        if pending is not None:
+            k_cur, v_cur = pending.wait()
+    return out.to(q.dtype), lse
+
+
+def ring_backward(dout, q, k, v, out, lse, spec: RingSpec):
+    """(dq, dk, dv) of the local shards, in their dtypes."""
+    ex, W, r = spec.exchange, spec.exchange.world, spec.exchange.rank
+    dq = torch.zeros_like(q, dtype=torch.float32)
+    k_cur, v_cur = k.contiguous(), v.contiguous()
+    dk_acc = dv_acc = None
+    acc_pending = None
+    for t in range(W):
+        kv_pending = ex.start([k_cur, v_cur]) if t < W - 1 else None
+        plan = step_plan(r, (r - t) % W, W, spec.causal, spec.layout)
+        grads = None
+        if plan is not None:
+            qr, kr = spec.rows[plan.q_rows], spec.rows[plan.kv_rows]
+            grads = spec.blocks.backward(qr.take(dout), qr.take(q), kr.take(k_cur), kr.take(v_cur), qr.take(out),
+                                         qr.take_lse(lse).contiguous(), qr, kr, causal=plan.causal,
+                                         scale=spec.scale, softcap=spec.softcap,
+                                         deterministic=spec.deterministic)
+            qr.add_(dq, grads[0])
+        # The accumulators of the shard here: new at step 0, else arriving from the previous rank.
+        if acc_pending is None:
+            dk_acc = torch.zeros_like(k_cur, dtype=torch.float32)
+            dv_acc = torch.zeros_like(v_cur, dtype=torch.float32)
+        else:
+            dk_acc, dv_acc = acc_pending.wait()
+        if grads is not None:
+            kr.add_(dk_acc, grads[1])
+            kr.add_(dv_acc, grads[2])
+        acc_pending = ex.start([dk_acc, dv_acc])
+        if kv_pending is not None:
+            k_cur, v_cur = kv_pending.wait()
+    dk_acc, dv_acc = acc_pending.wait()  # (the own shard's, home after W hops)
+    return dq.to(q.dtype), dk_acc.to(k.dtype), dv_acc.to(v.dtype)
+
+
+class RingAttention(torch.autograd.Function):
+    """(out, lse) = ring attention of the local shards; differentiable in q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec: RingSpec):
+        out, lse = ring_forward(q, k, v, spec)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spec = spec
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.spec)
+        return dq, dk, dv, None

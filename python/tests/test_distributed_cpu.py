@@ -1,0 +1,231 @@
+"""fa3.distributed without a GPU: the LSE merge, the layouts, the ring schedule (every visible pair
+of chunks computed exactly once, zigzag's equal work), and the ring's forward and backward on CPU
+with a float64 stand-in for fa3's block operators, over an in-process ring of threads and over
+torch.distributed's gloo backend in real processes."""
+
+import io
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fa3.distributed as cp
+from fa3.distributed.exchange import RingExchange
+from fa3.distributed.layout import ALL, FIRST, SECOND, step_plan
+from fa3.distributed.merge import merge_
+from fa3.distributed.ring import RingAttention, RingSpec, ring_backward, ring_forward
+from fa3.distributed.rows import ShardRows
+from ring_util import ReferenceBlocks, ThreadRing, attention_reference
+from util import rel_err
+
+
+def test_merge_equals_softmax_over_the_union():
+    torch.manual_seed(0)
+    b, s, h, d, keys = 2, 5, 3, 4, 40
+    scores = torch.randn(b, h, s, keys, dtype=torch.float64) * 3
+    values = torch.randn(b, keys, h, d, dtype=torch.float64)
+    full = torch.einsum("bhsk,bkhd->bshd", torch.softmax(scores, -1), values)
+    out = torch.zeros(b, s, h, d, dtype=torch.float64)
+    lse = torch.full((b, h, s), float("-inf"), dtype=torch.float64)
+    for part in torch.tensor_split(torch.randperm(keys), [3, 4, 21]):   # uneven, one of a single key
+        sc = scores[..., part]
+        merge_(out, lse, torch.einsum("bhsk,bkhd->bshd", torch.softmax(sc, -1), values[:, part]),
+               torch.logsumexp(sc, -1))
+    assert rel_err(out, full, floor=0) < 1e-12
+    assert rel_err(lse, torch.logsumexp(scores, -1), floor=0) < 1e-12
+
+
+def test_merge_keeps_unreached_rows_finite():
+    out, lse = torch.zeros(1, 2, 1, 4), torch.full((1, 1, 2), float("-inf"))
+    merge_(out, lse, torch.ones(1, 2, 1, 4), torch.tensor([[[0.5, float("-inf")]]]))
+    assert torch.equal(out[0, 0, 0], torch.ones(4)) and torch.equal(out[0, 1, 0], torch.zeros(4))
+    assert lse[0, 0, 0].item() == 0.5 and torch.isneginf(lse[0, 0, 1])
+
+
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_shard_round_trip(layout, world):
+    x = torch.randn(2, 4 * world * 3, 3, 2)
+    shards = [cp.shard(x, world, r, layout) for r in range(world)]
+    assert all(s.shape[1] == x.shape[1] // world for s in shards)
+    assert torch.equal(cp.unshard(shards, layout), x)
+    cu = torch.tensor([0, 2 * world, 2 * world, 8 * world], dtype=torch.int32)   # with an empty sequence
+    packed = torch.randn(8 * world, 3, 2)
+    pshards = [cp.shard_varlen(packed, cu, world, r, layout) for r in range(world)]
+    assert torch.equal(cp.local_cu_seqlens(cu, world, layout), cu // world)
+    assert torch.equal(cp.unshard_varlen(pshards, cu, layout), packed)
+
+
+def test_shard_rejects_lengths_that_do_not_split():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        cp.shard(torch.zeros(1, 6, 1, 1), 2, 0, "zigzag")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        cp.local_cu_seqlens(torch.tensor([0, 4, 10], dtype=torch.int32), 2, "zigzag")
+    with pytest.raises(ValueError, match="layout"):
+        cp.shard(torch.zeros(1, 4, 1, 1), 2, 0, "striped")
+
+
+def _chunks_of(rank, world, layout, rows):
+    ids = (rank, 2 * world - 1 - rank) if layout == "zigzag" else (rank,)
+    return {ALL: ids, FIRST: ids[:1], SECOND: ids[1:]}[rows]
+
+
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+def test_every_visible_pair_of_chunks_is_computed_once(layout, world):
+    """Over all ranks and steps, each (query chunk, key chunk) pair a causal mask leaves visible is
+    computed once, with the diagonal mask exactly on equal chunks; nothing invisible is computed."""
+    units = 2 if layout == "zigzag" else 1         # chunks per shard; a pair's work: 1 (or 1/2 diagonal)
+    seen, work = {}, [0.0] * world
+    for rank in range(world):
+        for t in range(world):
+            src = (rank - t) % world
+            plan = step_plan(rank, src, world, True, layout)
+            if plan is None:
+                continue
+            for qc in _chunks_of(rank, world, layout, plan.q_rows):
+                for kc in _chunks_of(src, world, layout, plan.kv_rows):
+                    if plan.causal and kc > qc:
+                        continue           # masked whole inside the diagonal block
+                    seen[(qc, kc)] = seen.get((qc, kc), 0) + 1
+                    assert kc <= qc, (rank, src, qc, kc)
+                    diagonal = qc == kc
+                    assert diagonal == (plan.causal and qc == kc)
+                    work[rank] += 0.5 if diagonal else 1.0
+    n = units * world
+    assert seen == {(qc, kc): 1 for qc in range(n) for kc in range(qc + 1)}
+    if layout == "zigzag":
+        assert len(set(work)) == 1, work
+    non_causal = {(rank, (rank - t) % world) for rank in range(world) for t in range(world)}
+    assert all(step_plan(r, s, world, False, layout).q_rows == ALL for r, s in non_causal)
+
+
+def _problem(seed, world, layout, packed, heads=4, heads_kv=2, d=8):
+    g = torch.Generator().manual_seed(seed)
+    parts = 2 * world if layout == "zigzag" else world
+    if packed:
+        lengths = [parts * n for n in (3, 0, 1, 5)]
+        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+        shape_q, shape_k = (int(cu[-1]), heads, d), (int(cu[-1]), heads_kv, d)
+    else:
+        cu = None
+        shape_q, shape_k = (2, 4 * parts, heads, d), (2, 4 * parts, heads_kv, d)
+    q, k, v, dout = (torch.randn(s, generator=g, dtype=torch.float64) for s in (shape_q, shape_k, shape_k, shape_q))
+    return q, k, v, dout, cu
+
+
+def _local(x, cu, world, rank, layout):
+    return cp.shard(x, world, rank, layout) if cu is None else cp.shard_varlen(x, cu, world, rank, layout)
+
+
+def _whole(shards, cu, layout):
+    return cp.unshard(shards, layout) if cu is None else cp.unshard_varlen(shards, cu, layout)
+
+
+def _rows(q_local, cu, world, layout):
+    if cu is None:
+        return ShardRows(seqlen=q_local.shape[1])
+    local = cp.local_cu_seqlens(cu, world, layout)
+    return ShardRows(cu_seqlens=local, max_seqlen=int((local[1:] - local[:-1]).max()), total=q_local.shape[0])
+
+
+def _check_against_reference(outs, lses, grads, q, k, v, dout, cu, causal, softcap, layout, scale):
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ref_out, ref_lse = attention_reference(qr, kr, vr, causal=causal, scale=scale, softcap=softcap, cu_seqlens=cu)
+    ref_out.backward(dout)
+    assert rel_err(_whole(outs, cu, layout), ref_out) < 1e-6
+    # LSE: BSHD [b, h, s] (sequence on dim 2), packed [h, total] (on dim 1): shards join on dim 1.
+    seq_last = [l.transpose(1, 2) if cu is None else l.t() for l in lses]
+    whole_lse = _whole(seq_last, cu, layout)
+    assert rel_err(whole_lse.transpose(1, 2) if cu is None else whole_lse.t(), ref_lse) < 1e-6
+    for got, want in zip(zip(*grads), (qr.grad, kr.grad, vr.grad)):
+        assert rel_err(_whole(list(got), cu, layout), want) < 1e-6
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_thread_ring_matches_whole_sequence_attention(world, causal, layout, packed):
+    softcap = 5.0 if world == 3 else 0.0
+    q, k, v, dout, cu = _problem(world * 10 + causal, world, layout, packed)
+    scale = 0.3
+    ring = ThreadRing(world)
+
+    def rank_fn(r):
+        ql, kl, vl, dol = (_local(x, cu, world, r, layout) for x in (q, k, v, dout))
+        spec = RingSpec(exchange=ring.exchange(r), rows=_rows(ql, cu, world, layout), causal=causal,
+                        layout=layout, scale=scale, softcap=softcap, blocks=ReferenceBlocks)
+        out, lse = ring_forward(ql, kl, vl, spec)
+        return out, lse, ring_backward(dol, ql, kl, vl, out, lse, spec)
+
+    results = ring.run(rank_fn)
+    _check_against_reference([o for o, _, _ in results], [l for _, l, _ in results], [g for _, _, g in results],
+                             q, k, v, dout, cu, causal, softcap, layout, scale)
+
+
+# ---- real processes over gloo: the torch.distributed exchange and the autograd function ----------
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_rank(rank, world, port, causal, layout, packed, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        q, k, v, dout, cu = _problem(7, world, layout, packed)
+        ql, kl, vl, dol = (_local(x, cu, world, rank, layout).requires_grad_(x is not dout)
+                           for x in (q, k, v, dout))
+        spec = RingSpec(exchange=RingExchange(None), rows=_rows(ql, cu, world, layout), causal=causal, layout=layout, scale=0.25,
+                        blocks=ReferenceBlocks)
+        out, lse = RingAttention.apply(ql, kl, vl, spec)
+        out.backward(dol)
+        results[rank] = (out.detach(), lse, (ql.grad, kl.grad, vl.grad))
+    finally:
+        dist.destroy_process_group()
+
+
+def _gloo_main(rank, world, port, causal, layout, packed, queue_):
+    results = {}
+    _gloo_rank(rank, world, port, causal, layout, packed, results)
+    buf = io.BytesIO()  # (bytes, not tensors: a tensor sent through a queue lives in this process)
+    torch.save(results[rank], buf)
+    queue_.put((rank, buf.getvalue()))
+
+
+@pytest.mark.parametrize("world,causal,layout,packed", [(2, True, "zigzag", False), (3, True, "zigzag", True),
+                                                        (3, False, "contiguous", False)])
+def test_gloo_ring_with_autograd(world, causal, layout, packed):
+    ctx = mp.get_context("spawn")
+    q_ = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gloo_main, args=(r, world, port, causal, layout, packed, q_)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {r: torch.load(io.BytesIO(b)) for r, b in (q_.get(timeout=180) for _ in range(world))}
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    q, k, v, dout, cu = _problem(7, world, layout, packed)
+    res = [got[r] for r in range(world)]
+    _check_against_reference([o for o, _, _ in res], [l for _, l, _ in res], [g for _, _, g in res],
+                             q, k, v, dout, cu, causal, 0.0, layout, 0.25)
+
+
+def test_public_functions_check_their_arguments():
+    q = torch.zeros(1, 8, 2, 8)
+    with pytest.raises(ValueError, match="same length"):
+        cp.ring_attn_func(q, torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8))
+    with pytest.raises(ValueError, match="must be even"):
+        cp.ring_attn_func(torch.zeros(1, 7, 2, 8), torch.zeros(1, 7, 2, 8), torch.zeros(1, 7, 2, 8))
+    with pytest.raises(ValueError, match="layout"):
+        cp.ring_attn_func(q, q, q, layout="striped")
+    with pytest.raises(ValueError, match="int32"):
+        cp.ring_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 8]), 8)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        cp.ring_attn_func(q, q, q, softmax_scale=-1.0)
