@@ -44,18 +44,30 @@ Status check_device() {
 // A host pointer passed as a device tensor would fault inside the kernel: say so up front. Each
 // thread remembers the last pointers it found in device memory (a call mostly repeats the previous
 // call's tensors; cudaPointerGetAttributes was ~0.3 us per pointer of the host path): CUDA keeps
-// its device address ranges reserved, so such an address does not become host memory later.
+// its device address ranges reserved, so such an address does not become host memory later. The
+// memory is searched whole (a slot per address bit pattern made allocations aligned alike — CUDA's
+// and PyTorch's are at 512 B to 2 MB boundaries — evict each other at every call).
+struct KnownPointers {
+  static constexpr int kSize = 32;
+  const void* ptr[kSize] = {};
+  int next = 0;
+};
+KnownPointers& known_pointers() {
+  thread_local KnownPointers known;
+  return known;
+}
+
 Status check_device_pointer(const void* ptr, const char* name) {
   if (ptr == nullptr) return ok();
-  constexpr int kRemembered = 64;
-  thread_local const void* known[kRemembered] = {};
-  const size_t slot = (reinterpret_cast<uintptr_t>(ptr) >> 8) % kRemembered;
-  if (known[slot] == ptr) return ok();
+  KnownPointers& known = known_pointers();
+  for (const void* k : known.ptr)
+    if (k == ptr) return ok();
   cudaPointerAttributes attr{};
   FA3_CUDA_TRY(cudaPointerGetAttributes(&attr, ptr));
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     return invalid(std::string(name) + " must point to device memory (got a host or unregistered pointer)");
-  known[slot] = ptr;
+  known.ptr[known.next] = ptr;
+  known.next = (known.next + 1) % KnownPointers::kSize;
   return ok();
 }
 
