@@ -120,6 +120,8 @@ class FwdParams(ctypes.Structure):
         ("rotary_row_stride", c_int64),
         ("rotary_rows", c_int32),
         ("rotary_interleaved", c_int32),
+        ("cu_seqlens_new", c_void_p),  # packed new keys: int32 [batch + 1], or None
+        ("total_new", c_int32),
     ]
 
 

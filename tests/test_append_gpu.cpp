@@ -30,12 +30,15 @@ struct AppendCase {
   bool append = true;  // false: no new keys (cache_seqlens, and rotary of Q alone if rotary_dim)
   int num_splits = 0;  // with a workspace: the decode path's automatic (0) or explicit splits
   std::vector<int> cache_seqlens = {0, 17, 250};
+  // Packed rows (empty: dense): each sequence's queries (cu_seqlens_q) and new keys (cu_seqlens_new).
+  std::vector<int> q_lens, new_lens;
   std::string name() const {
     return std::string(dtype == FA3_DTYPE_BF16 ? "bf16" : "fp16") + " h" + std::to_string(heads_q) + "/" +
            std::to_string(heads_kv) + " d" + std::to_string(head_dim) + " new" + std::to_string(seqlen_new) + " sq" +
            std::to_string(seqlen_q) + (page_size ? " paged" + std::to_string(page_size) : "") + " rotary" +
            std::to_string(rotary_dim) + (interleaved ? " interleaved" : "") + (causal ? " causal" : "") +
-           " splits" + std::to_string(num_splits) + (sinks ? " sinks" : "") + (append ? "" : " no-append");
+           " splits" + std::to_string(num_splits) + (sinks ? " sinks" : "") + (append ? "" : " no-append") +
+           (q_lens.empty() ? "" : " packed-q") + (new_lens.empty() ? "" : " packed-new");
   }
 };
 
@@ -77,7 +80,18 @@ void run_append_case(const AppendCase& c) {
   SCOPED_TRACE(c.name());
   std::mt19937 g(rng()());
   const int B = int(c.cache_seqlens.size()), d = c.head_dim, hkv = c.heads_kv, hq = c.heads_q;
-  const int s_new = c.append ? c.seqlen_new : 0;  // keys appended per sequence
+  const bool packed_q = !c.q_lens.empty(), packed_new = !c.new_lens.empty();
+  // Per sequence: queries, keys appended, and the first row of each in the (packed or dense) rows.
+  std::vector<int> qn(B), nn(B), q_row0(B + 1, 0), new_row0(B + 1, 0);
+  for (int b = 0; b < B; ++b) {
+    qn[b] = packed_q ? c.q_lens[b] : c.seqlen_q;
+    const int stored = packed_new ? c.new_lens[b] : c.seqlen_new;  // rows of k_new for b
+    nn[b] = c.append ? stored : 0;
+    q_row0[b + 1] = q_row0[b] + qn[b];
+    new_row0[b + 1] = new_row0[b] + stored;
+  }
+  const int total_q = q_row0[B], total_new = new_row0[B];
+  const int max_q = *std::max_element(qn.begin(), qn.end());
   const bool paged = c.page_size > 0;
   const int pages_per_seq = paged ? c.capacity / c.page_size : 0, num_pages = B * pages_per_seq;
   // The cache as the kernels see it: [batch][capacity] rows, or [num_pages][page_size] rows.
@@ -91,9 +105,9 @@ void run_append_case(const AppendCase& c) {
     const int page = table[size_t(b) * pages_per_seq + pos / c.page_size];
     return (size_t(page) * c.page_size + pos % c.page_size) * row + size_t(h) * d;
   };
-  Values k_new = random_values(size_t(B) * c.seqlen_new * row, c.dtype, g);
-  Values v_new = random_values(size_t(B) * c.seqlen_new * row, c.dtype, g);
-  Values q = random_values(size_t(B) * c.seqlen_q * hq * d, c.dtype, g);
+  Values k_new = random_values(size_t(total_new) * row, c.dtype, g);
+  Values v_new = random_values(size_t(total_new) * row, c.dtype, g);
+  Values q = random_values(size_t(total_q) * hq * d, c.dtype, g);
   const int half = c.rotary_dim / 2;
   Values cos = random_values(size_t(c.capacity) * std::max(half, 1), c.dtype, g, -1.f, 1.f, false);
   Values sin = random_values(size_t(c.capacity) * std::max(half, 1), c.dtype, g, -1.f, 1.f, false);
@@ -103,27 +117,27 @@ void run_append_case(const AppendCase& c) {
   std::vector<std::vector<float>> kk(B), vv(B), qq(B);  // the reference's logical K, V, Q
   for (int b = 0; b < B; ++b) {
     const int n = c.cache_seqlens[b];
-    for (int i = 0; i < s_new; ++i)
+    for (int i = 0; i < nn[b]; ++i)
       for (int h = 0; h < hkv; ++h) {
-        std::vector<float> kr(&k_new.f[((size_t(b) * c.seqlen_new + i) * hkv + h) * d],
-                              &k_new.f[((size_t(b) * c.seqlen_new + i) * hkv + h) * d] + d);
+        const size_t src = ((size_t(new_row0[b]) + i) * hkv + h) * d;
+        std::vector<float> kr(&k_new.f[src], &k_new.f[src] + d);
         if (c.rotary_dim) rotate(kr, c, cos, sin, n + i);
         for (int x = 0; x < d; ++x) {
           want_k[at(b, n + i, h) + x] = to_bits(kr[x], c.dtype);
-          want_v[at(b, n + i, h) + x] = v_new.bits[((size_t(b) * c.seqlen_new + i) * hkv + h) * d + x];
+          want_v[at(b, n + i, h) + x] = v_new.bits[src + x];
         }
       }
-    for (int j = 0; j < n + s_new; ++j)
+    for (int j = 0; j < n + nn[b]; ++j)
       for (int h = 0; h < hkv; ++h)
         for (int x = 0; x < d; ++x) {
           kk[b].push_back(from_bits(want_k[at(b, j, h) + x], c.dtype));
           vv[b].push_back(from_bits(want_v[at(b, j, h) + x], c.dtype));
         }
     const bool windowed = c.causal;  // (no window in these cases)
-    for (int i = 0; i < c.seqlen_q; ++i)
+    for (int i = 0; i < qn[b]; ++i)
       for (int h = 0; h < hq; ++h) {
-        std::vector<float> qr(&q.f[((size_t(b) * c.seqlen_q + i) * hq + h) * d],
-                              &q.f[((size_t(b) * c.seqlen_q + i) * hq + h) * d] + d);
+        const size_t src = ((size_t(q_row0[b]) + i) * hq + h) * d;
+        std::vector<float> qr(&q.f[src], &q.f[src] + d);
         if (c.rotary_dim) rotate(qr, c, cos, sin, n + (windowed ? i : 0));
         qq[b].insert(qq[b].end(), qr.begin(), qr.end());
       }
@@ -131,8 +145,10 @@ void run_append_case(const AppendCase& c) {
 
   DeviceBuffer dk(cache_elems * 2), dv(cache_elems * 2), dkn(k_new.bits.size() * 2), dvn(v_new.bits.size() * 2),
       dq(q.bits.size() * 2), dcos(cos.bits.size() * 2), dsin(sin.bits.size() * 2), dlens(B * 4),
-      dtable(std::max(num_pages, 1) * 4), dout(q.bits.size() * 2), dlse(size_t(B) * hq * c.seqlen_q * 4),
-      dsinks(hq * 4);
+      dtable(std::max(num_pages, 1) * 4), dout(q.bits.size() * 2), dlse(size_t(total_q) * hq * 4),
+      dsinks(hq * 4), dcu_q((B + 1) * 4), dcu_new((B + 1) * 4);
+  dcu_q.upload(q_row0.data(), (B + 1) * 4);
+  dcu_new.upload(new_row0.data(), (B + 1) * 4);
   dk.upload(k.bits.data(), cache_elems * 2);
   dv.upload(v.bits.data(), cache_elems * 2);
   dkn.upload(k_new.bits.data(), dkn.bytes());
@@ -151,13 +167,17 @@ void run_append_case(const AppendCase& c) {
   FwdArgs a;
   a.dtype = a.out_dtype = c.dtype;
   a.batch = B;
-  a.seqlen_q = c.seqlen_q;
+  a.seqlen_q = max_q;
   a.seqlen_k = c.capacity;
   a.heads_q = hq;
   a.heads_kv = hkv;
   a.head_dim_qk = a.head_dim_v = d;
-  a.q = bshd(dq.get(), c.seqlen_q, hq, d);
-  a.out = bshd(dout.get(), c.seqlen_q, hq, d);
+  a.q = bshd(dq.get(), packed_q ? total_q : c.seqlen_q, hq, d);  // (packed: the batch stride is not read)
+  a.out = bshd(dout.get(), packed_q ? total_q : c.seqlen_q, hq, d);
+  if (packed_q) {
+    a.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.get());
+    a.total_q = total_q;
+  }
   a.k = paged ? bshd(dk.get(), c.page_size, hkv, d) : bshd(dk.get(), c.capacity, hkv, d);
   a.v = paged ? bshd(dv.get(), c.page_size, hkv, d) : bshd(dv.get(), c.capacity, hkv, d);
   if (paged) {
@@ -170,9 +190,14 @@ void run_append_case(const AppendCase& c) {
   a.causal = c.causal;
   a.cache_seqlens = static_cast<const int32_t*>(dlens.get());
   if (c.append) {
-    a.k_new = bshd(dkn.get(), c.seqlen_new, hkv, d);
-    a.v_new = bshd(dvn.get(), c.seqlen_new, hkv, d);
-    a.seqlen_new = c.seqlen_new;
+    a.k_new = bshd(dkn.get(), packed_new ? total_new : c.seqlen_new, hkv, d);
+    a.v_new = bshd(dvn.get(), packed_new ? total_new : c.seqlen_new, hkv, d);
+    if (packed_new) {
+      a.cu_seqlens_new = static_cast<const int32_t*>(dcu_new.get());
+      a.total_new = total_new;
+    } else {
+      a.seqlen_new = c.seqlen_new;
+    }
   }
   if (c.rotary_dim) {
     a.rotary_cos = dcos.get();
@@ -222,8 +247,8 @@ void run_append_case(const AppendCase& c) {
   p.head_dim_qk = p.head_dim_v = d;
   p.causal = c.causal;
   for (int b = 0; b < B; ++b) {
-    p.seqlen_q.push_back(c.seqlen_q);
-    p.seqlen_k.push_back(c.cache_seqlens[b] + s_new);
+    p.seqlen_q.push_back(qn[b]);
+    p.seqlen_k.push_back(c.cache_seqlens[b] + nn[b]);
   }
   if (c.sinks) p.sinks.assign(sinks.begin(), sinks.end());
   ref::Inputs in;
@@ -232,19 +257,21 @@ void run_append_case(const AppendCase& c) {
   in.v = vv;
   const ref::FwdResult want = ref::forward(p, in);
   std::vector<uint16_t> got_o(q.bits.size());
-  std::vector<float> got_lse(size_t(B) * hq * c.seqlen_q);
+  std::vector<float> got_lse(size_t(total_q) * hq);
   dout.download(got_o.data(), got_o.size() * 2);
   dlse.download(got_lse.data(), got_lse.size() * 4);
   double num = 0, den = 0, lse_err = 0;
   for (int b = 0; b < B; ++b) {
     for (size_t e = 0; e < want.o[b].size(); ++e) {
-      const double x = from_bits(got_o[size_t(b) * c.seqlen_q * hq * d + e], c.dtype) - want.o[b][e];
+      const double x = from_bits(got_o[size_t(q_row0[b]) * hq * d + e], c.dtype) - want.o[b][e];
       num += x * x;
       den += want.o[b][e] * want.o[b][e];
     }
     for (int h = 0; h < hq; ++h)
-      for (int i = 0; i < c.seqlen_q; ++i) {
-        const double w = want.lse[b][size_t(h) * c.seqlen_q + i], gl = got_lse[(size_t(b) * hq + h) * c.seqlen_q + i];
+      for (int i = 0; i < qn[b]; ++i) {
+        // LSE: dense [batch, heads_q, seqlen_q], packed [heads_q, total_q]
+        const size_t at_lse = packed_q ? size_t(h) * total_q + q_row0[b] + i : (size_t(b) * hq + h) * c.seqlen_q + i;
+        const double w = want.lse[b][size_t(h) * qn[b] + i], gl = got_lse[at_lse];
         lse_err = std::max(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
       }
   }
@@ -290,6 +317,24 @@ TEST(AppendGpu, AppendAndRotaryAgainstCpu) {
     c.head_dim = 256;
     c.rotary_dim = 32;
     c.interleaved = true;
+    cases.push_back(c);
+  }
+  {
+    AppendCase c;  // speculative decoding, packed: 3, 1, 4 draft tokens (queries and new keys)
+    c.q_lens = c.new_lens = {3, 1, 4};
+    c.causal = true;
+    c.sinks = true;
+    cases.push_back(c);
+    c.page_size = 16;  // paged, dense new keys (2 each) with packed queries (0, 5, 2: an empty one)
+    c.capacity = 320;
+    c.new_lens.clear();
+    c.seqlen_new = 2;
+    c.q_lens = {0, 5, 2};
+    c.interleaved = true;
+    cases.push_back(c);
+    c.append = false;  // packed queries rotated alone
+    c.page_size = 0;
+    c.capacity = 300;
     cases.push_back(c);
   }
   {

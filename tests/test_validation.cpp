@@ -598,16 +598,6 @@ TEST_F(FwdValidation, StructSizeBeforeBlockDescalesIsAccepted) {
   EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);
 }
 
-// Callers built before the sinks pass FA3_FWD_PARAMS_SIZE_V2: the sinks field is not read.
-TEST_F(FwdValidation, StructSizeBeforeSinksIsAccepted) {
-  fa3_fwd_params p = a;
-  p.struct_size = FA3_FWD_PARAMS_SIZE_V2;
-  p.sinks = fake<const float>(0x810001);  // garbage past an older caller's struct
-  EXPECT_EQ(fa3_fwd_validate(&p), FA3_OK) << fa3_last_error();
-  p.struct_size = sizeof(fa3_fwd_params);
-  EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);  // now read: misaligned
-  EXPECT_NE(std::string(fa3_last_error()).find("sinks"), std::string::npos) << fa3_last_error();
-}
 
 TEST_F(FwdValidation, SinksAligned) {
   a.sinks = fake<const float>(0x810000);
@@ -659,11 +649,62 @@ TEST_F(AppendValidation, BadFieldsAreNamed) {
   EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.rotary_interleaved = 2; }, "rotary_interleaved"));
   // The cache is written: a K broadcast over its heads would have them overwrite each other.
   EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.k.head_stride = 0; }, "k strides"));
+  // Packed new keys: their count and table are named; without new keys the table is refused.
+  EXPECT_TRUE(invalid_with([](fa3::FwdArgs& b) { b.cu_seqlens_new = fake<const int32_t>(0x680000); }, "total_new"));
+  EXPECT_TRUE(invalid_with(
+      [](fa3::FwdArgs& b) {
+        b.cu_seqlens_new = fake<const int32_t>(0x680002);
+        b.total_new = 5;
+      },
+      "cu_seqlens_new"));
+  EXPECT_TRUE(invalid_with(
+      [](fa3::FwdArgs& b) {
+        b.k_new = b.v_new = fa3_tensor{};
+        b.cu_seqlens_new = fake<const int32_t>(0x680000);
+      },
+      "cu_seqlens_new"));
   fa3::FwdArgs b = a;
   b.cu_seqlens_q = fake<const int32_t>(0x660000);
   b.cu_seqlens_k = fake<const int32_t>(0x670000);
   b.total_q = b.total_k = kBatch * kSeqQ;
-  EXPECT_TRUE(Fails(fa3::validate(b), FA3_ERROR_NOT_SUPPORTED, "cu_seqlens_q"));
+  EXPECT_TRUE(Fails(fa3::validate(b), FA3_ERROR_NOT_SUPPORTED, "cu_seqlens_k"));
+}
+
+// Packed queries and packed new keys (speculative decoding with varying draft counts).
+TEST_F(AppendValidation, PackedQueriesAndNewKeysPass) {
+  a.cu_seqlens_q = fake<const int32_t>(0x660000);
+  a.total_q = 7;  // (q and out: rows h * d apart, the batch stride not read)
+  a.cu_seqlens_new = fake<const int32_t>(0x680000);
+  a.total_new = 9;
+  a.seqlen_new = 0;  // (not read with packed new keys)
+  a.k_new = fa3::bshd(fake(0x610000), 9, kHeadsKv, kDim);
+  a.v_new = fa3::bshd(fake(0x620000), 9, kHeadsKv, kDim);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  size_t bytes = 0;
+  ASSERT_TRUE(Passes(fa3::workspace_size(a, &bytes)));
+  EXPECT_GE(bytes, size_t(7) * kHeadsQ * kDim * 2 + kBatch * 4);  // the rotated packed Q and the key counts
+}
+
+// Callers built against an older header pass its struct size (FA3_FWD_PARAMS_SIZE_V2: before the
+// sinks, _V3: before the append, _V4: before the packed new keys): garbage past it is not read, and
+// the same garbage read at the current size is refused (by name where `field` is given).
+TEST_F(FwdValidation, StructSizesBeforeLaterFieldsAreAccepted) {
+  auto past_older_size_is_ignored = [&](size_t older, auto put_garbage, const char* field) {
+    fa3_fwd_params p = a;
+    put_garbage(p);
+    p.struct_size = uint32_t(older);
+    EXPECT_EQ(fa3_fwd_validate(&p), FA3_OK) << fa3_last_error();
+    p.struct_size = sizeof(fa3_fwd_params);
+    EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);
+    if (field) EXPECT_NE(std::string(fa3_last_error()).find(field), std::string::npos) << fa3_last_error();
+  };
+  past_older_size_is_ignored(
+      FA3_FWD_PARAMS_SIZE_V2, [](fa3_fwd_params& p) { p.sinks = fake<const float>(0x810001); }, "sinks");
+  past_older_size_is_ignored(
+      FA3_FWD_PARAMS_SIZE_V3, [](fa3_fwd_params& p) { p.k_new.data = fake<void>(0x810001); }, nullptr);
+  past_older_size_is_ignored(
+      FA3_FWD_PARAMS_SIZE_V4, [](fa3_fwd_params& p) { p.cu_seqlens_new = fake<const int32_t>(0x810001); },
+      "cu_seqlens_new");
 }
 
 TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
@@ -683,15 +724,6 @@ TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
   EXPECT_STREQ(name, "hopper");
 }
 
-// Callers built before the append pass FA3_FWD_PARAMS_SIZE_V3: its fields are not read.
-TEST_F(FwdValidation, StructSizeBeforeTheAppendIsAccepted) {
-  fa3_fwd_params p = a;
-  p.struct_size = FA3_FWD_PARAMS_SIZE_V3;
-  p.k_new.data = fake<void>(0x810001);  // garbage past an older caller's struct
-  EXPECT_EQ(fa3_fwd_validate(&p), FA3_OK) << fa3_last_error();
-  p.struct_size = sizeof(fa3_fwd_params);
-  EXPECT_EQ(fa3_fwd_validate(&p), FA3_ERROR_INVALID_ARGUMENT);
-}
 
 // ---- fa3_quantize_fp8 ----
 class QuantizeValidation : public ::testing::Test {

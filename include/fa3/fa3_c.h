@@ -167,14 +167,17 @@ typedef struct fa3_fwd_params {
    *   neither written nor read). Without k_new it is seqused_k by another name (no workspace).
    * k_new / v_new: [batch, seqlen_new, heads_kv, head_dim_qk / head_dim_v] new keys and values,
    *   written into K / V at positions cache_seqlens[b] + i (needs cache_seqlens; K and V are then
-   *   written, so their strides must not overlap).
+   *   written, so their strides must not overlap). Packed (cu_seqlens_new, int32 [batch + 1]):
+   *   [total_new, heads_kv, d] rows, sequence b's i-th at row cu_seqlens_new[b] + i (batch_stride and
+   *   seqlen_new unused).
    * rotary_cos / rotary_sin: [rotary_rows, rotary_dim / 2] in dtype (rows rotary_row_stride apart):
    *   the rotary embedding of the first rotary_dim columns of Q and of k_new (rotary_interleaved = 1:
    *   pairs (2i, 2i + 1), 0: halves (i, i + rotary_dim / 2)), k_new's row i at position
    *   cache_seqlens[b] + i, Q's row i there too when causal or windowed, else at cache_seqlens[b]
    *   (FlashAttention-3's rule; 0 without cache_seqlens). rotary_rows >= seqlen_k. The rotated Q is
    *   written to the workspace (fa3_fwd_workspace_size counts it); q itself is not changed.
-   * fp16 / bf16 only, not with cu_seqlens_q or cu_seqlens_k. */
+   *   Packed queries (cu_seqlens_q): row i of sequence b is its i-th query.
+   * fp16 / bf16 only, not with cu_seqlens_k (the cache is indexed by batch entry or page table). */
   const int32_t* cache_seqlens;
   fa3_tensor k_new, v_new;
   int32_t seqlen_new;
@@ -184,6 +187,11 @@ typedef struct fa3_fwd_params {
   int64_t rotary_row_stride;
   int32_t rotary_rows;
   int32_t rotary_interleaved;
+
+  /* Packed new keys for the append (above): int32 [batch + 1] cumulative counts, and their total
+   * (the rows of k_new / v_new). Appended: callers built before them pass FA3_FWD_PARAMS_SIZE_V4. */
+  const int32_t* cu_seqlens_new;
+  int32_t total_new;
 } fa3_fwd_params;
 
 /* The struct_size of fa3_fwd_params before the block descales (still accepted). */
@@ -192,6 +200,8 @@ typedef struct fa3_fwd_params {
 #define FA3_FWD_PARAMS_SIZE_V2 offsetof(fa3_fwd_params, sinks)
 /* The struct_size of fa3_fwd_params before the KV-cache append (still accepted). */
 #define FA3_FWD_PARAMS_SIZE_V3 offsetof(fa3_fwd_params, cache_seqlens)
+/* The struct_size of fa3_fwd_params before the packed new keys (still accepted). */
+#define FA3_FWD_PARAMS_SIZE_V4 offsetof(fa3_fwd_params, cu_seqlens_new)
 
 /* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
 typedef struct fa3_bwd_params {

@@ -205,17 +205,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     paged [num_pages, page_size, heads_kv, d] with page_table), optionally appending k/v first.
 
     The append (k, v written into the cache at cache_seqlens, in place) and the rotary embedding of
-    q and k run in fa3's call, one kernel before the attention (fa3::fwd_kvcache), for fp16/bf16
-    without cu_seqlens_q; with packed queries or e4m3 they are PyTorch operations before it (no
-    device sync either way). cache_batch_idx maps each batch entry to a cache row.
+    q and k run in fa3's call, one kernel before the attention (fa3::fwd_kvcache), for fp16/bf16,
+    also with packed queries (cu_seqlens_q) and packed new keys (cu_seqlens_k_new: k, v
+    [total_new, heads_kv, d]); with e4m3 they are PyTorch operations before it (dense queries and
+    new keys only; no device sync either way). cache_batch_idx maps each batch entry to a cache row.
     learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
     Not differentiable (as FlashAttention-3's).
     """
     _check_common(qv, attention_chunk)
     if cache_leftpad is not None:
         raise _not_supported("cache_leftpad")
-    if cu_seqlens_k_new is not None:
-        raise _not_supported("cu_seqlens_k_new", "packed new keys are not supported by fa3 yet")
+    if cu_seqlens_k_new is not None and k is None:
+        raise ValueError("fa3: cu_seqlens_k_new: given without new keys k, v")
     if (k is None) != (v is None):
         raise ValueError("fa3: k, v: give both new keys and new values, or neither")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -242,7 +243,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqlen_k = k_cache.shape[1]
     else:
         seqlen_k = page_table.shape[1] * k_cache.shape[1]
-    fused = (k is not None or rotary_cos is not None) and not varlen_q and q.dtype in (torch.float16, torch.bfloat16) \
+    fused = (k is not None or rotary_cos is not None) and q.dtype in (torch.float16, torch.bfloat16) \
         and q_descale is None and k_descale is None and v_descale is None and _ops.available() and q.is_cuda
     if fused:  # the append and rotary in fa3's call (fa3::fwd_kvcache)
         if k is not None:  # the kernel takes q's dtype and a contiguous head dim
@@ -256,8 +257,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             out, lse = _ops.fwd_kvcache(
                 q, k_cache, v_cache, k, v, seqused_k, rotary_cos, rotary_sin, bool(rotary_interleaved),
                 page_table, int(seqlen_k) if page_table is not None else 0, _scale(softmax_scale), bool(causal),
-                wl, wr, float(softcap), int(num_splits), _sinks(learnable_sink))
+                wl, wr, float(softcap), int(num_splits), _sinks(learnable_sink), cu_seqlens_q,
+                int(max_seqlen_q or 0), cu_seqlens_k_new)
         return (out, lse) if return_softmax_lse else out
+    if cu_seqlens_k_new is not None:
+        raise _not_supported("cu_seqlens_k_new", "packed new keys with e4m3 or off the GPU")
     # Where the new tokens start in each sequence (the append and rotary only; a plain decode
     # call allocates nothing here).
     positions_base = None
@@ -266,7 +270,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
     if k is not None:
         if varlen_q:
-            raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q)")
+            raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q) in e4m3")
         s_new = k.shape[1]
         pos = positions_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]  # [b, s_new]
         if rotary_cos is not None:
@@ -284,7 +288,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqused_k = positions_base + s_new
     if rotary_cos is not None:
         if varlen_q:
-            raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q)")
+            raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3")
         # As FlashAttention-3: causal / local queries sit at cache_seqlens + i, the others all at
         # cache_seqlens.
         s_q = q.shape[1]

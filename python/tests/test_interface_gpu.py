@@ -135,6 +135,26 @@ def test_qkvpacked_gradients():
     assert rel_err(out, ref) <= 1e-2 and rel_err(qkv.grad, q64.grad) <= 1e-2
 
 
+def _cache_of(k_full, v_full, page):
+    """(page_table, k_cache, v_cache) holding k_full / v_full [b, len, h, d]: copies, or (page > 0)
+    pages of `page` rows in a shuffled order behind an int32 page table."""
+    if page == 0:
+        return None, k_full.clone(), v_full.clone()
+    b, cache_len, hkv, d = k_full.shape
+    npages = b * cache_len // page
+    page_table = torch.randperm(npages, device=DEV).reshape(b, -1).to(torch.int32)
+    k_cache = torch.empty(npages, page, hkv, d, device=DEV, dtype=k_full.dtype)
+    v_cache = torch.empty_like(k_cache)
+    k_cache[page_table.long()] = k_full.reshape(b, -1, page, hkv, d)
+    v_cache[page_table.long()] = v_full.reshape(b, -1, page, hkv, d)
+    return page_table, k_cache, v_cache
+
+
+def _logical(cache, page_table):
+    """A cache as [b, len, h, d] rows (through its page table when paged)."""
+    return cache if page_table is None else cache[page_table.long()].flatten(1, 2)
+
+
 @pytest.mark.parametrize("paged,interleaved,s_new", [(False, False, 1), (True, False, 1), (False, True, 3),
                                                      (True, True, 2)])
 def test_kvcache_append_and_rotary(paged, interleaved, s_new):
@@ -149,15 +169,7 @@ def test_kvcache_append_and_rotary(paged, interleaved, s_new):
     q = rand(b, s_new, h, d, dtype=torch.bfloat16)
     theta = torch.rand(cache_len, d // 4, device=DEV) * 6
     cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)  # in q's dtype, as FA3 asks
-    if paged:
-        npages = b * cache_len // page
-        page_table = torch.randperm(npages, device=DEV).reshape(b, -1).to(torch.int32)
-        k_cache = torch.empty(npages, page, hkv, d, device=DEV, dtype=torch.bfloat16)
-        v_cache = torch.empty_like(k_cache)
-        k_cache[page_table.long()] = k_full.reshape(b, -1, page, hkv, d)
-        v_cache[page_table.long()] = v_full.reshape(b, -1, page, hkv, d)
-    else:
-        page_table, k_cache, v_cache = None, k_full.clone(), v_full.clone()
+    page_table, k_cache, v_cache = _cache_of(k_full, v_full, page if paged else 0)
     out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                       cache_seqlens=lens, page_table=page_table, causal=True,
                                       rotary_interleaved=interleaved)
@@ -170,9 +182,45 @@ def test_kvcache_append_and_rotary(paged, interleaved, s_new):
         q_i = _rotary(q[i:i + 1], cos[None, n:n + s_new], sin[None, n:n + s_new], interleaved)
         r, _ = ref_attention(q_i, k_ref[i:i + 1, :n + s_new], v_ref[i:i + 1, :n + s_new], causal=True)
         assert rel_err(out[i:i + 1], r) <= 1e-2
-    got_k = k_cache[page_table.long()].flatten(1, 2) if paged else k_cache
-    got_v = v_cache[page_table.long()].flatten(1, 2) if paged else v_cache
-    assert torch.equal(got_k, k_ref) and torch.equal(got_v, v_ref)
+    assert torch.equal(_logical(k_cache, page_table), k_ref) and torch.equal(_logical(v_cache, page_table), v_ref)
+
+
+@pytest.mark.parametrize("paged,packed_new", [(False, True), (True, True), (False, False)])
+def test_kvcache_append_with_packed_queries(paged, packed_new):
+    """Speculative decoding with a different number of draft tokens per sequence: packed queries
+    (cu_seqlens_q) and packed new keys (cu_seqlens_k_new, or dense [b, s_new] ones), appended and
+    rotated in fa3's call; the cache bit for bit, each sequence's attention vs float64."""
+    torch.manual_seed(15)
+    h, hkv, d, cache_len, page = 8, 2, 128, 384, 64
+    lens = torch.tensor([0, 100, 300, 7], dtype=torch.int32, device=DEV)
+    n_new = [3, 1, 4, 2] if packed_new else [2, 2, 2, 2]
+    b = len(n_new)
+    cu = torch.tensor([0] + torch.tensor(n_new).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    total = int(cu[-1])
+    k_full, v_full = rand(b, cache_len, hkv, d, dtype=torch.bfloat16), rand(b, cache_len, hkv, d, dtype=torch.bfloat16)
+    k_new, v_new = rand(total, hkv, d, dtype=torch.bfloat16), rand(total, hkv, d, dtype=torch.bfloat16)
+    q = rand(total, h, d, dtype=torch.bfloat16)  # a query per new token
+    theta = torch.rand(cache_len, d // 4, device=DEV) * 6
+    cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)
+    page_table, k_cache, v_cache = _cache_of(k_full, v_full, page if paged else 0)
+    kn, vn = (k_new, v_new) if packed_new else (k_new.reshape(b, 2, hkv, d), v_new.reshape(b, 2, hkv, d))
+    out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                           cache_seqlens=lens, page_table=page_table, causal=True,
+                                           cu_seqlens_q=cu, max_seqlen_q=max(n_new),
+                                           cu_seqlens_k_new=cu if packed_new else None, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (h, total)
+    from fa3.interface import _rotary
+    k_ref, v_ref = k_full.clone(), v_full.clone()
+    for i in range(b):
+        n, a, e = int(lens[i]), int(cu[i]), int(cu[i + 1])
+        c, s = cos[None, n:n + e - a], sin[None, n:n + e - a]
+        k_ref[i, n:n + e - a] = _rotary(k_new[None, a:e], c, s, True)[0]
+        v_ref[i, n:n + e - a] = v_new[a:e]
+        q_i = _rotary(q[None, a:e], c, s, True)
+        r, r_lse = ref_attention(q_i, k_ref[i:i + 1, :n + e - a], v_ref[i:i + 1, :n + e - a], causal=True)
+        assert rel_err(out[a:e], r[0]) <= 1e-2
+        assert torch.allclose(lse[:, a:e].double(), r_lse[0], atol=1e-3, rtol=1e-3)
+    assert torch.equal(_logical(k_cache, page_table), k_ref) and torch.equal(_logical(v_cache, page_table), v_ref)
 
 
 def test_fp8_forward_error_is_stated():

@@ -242,8 +242,9 @@ Status check_mask(const fa3_fwd_params& p) {
 
 // Varlen: what fa3 can check on the host (the arrays' contents are the caller's contract, fa3_c.h).
 Status check_varlen(const fa3_fwd_params& p) {
-  // Packed queries need to know each sequence's keys: packed too, or counted per batch entry.
-  if (p.cu_seqlens_q != nullptr && p.cu_seqlens_k == nullptr && p.seqused_k == nullptr)
+  // Packed queries need to know each sequence's keys: packed too, or counted per batch entry
+  // (seqused_k, or the KV-cache append's cache_seqlens).
+  if (p.cu_seqlens_q != nullptr && p.cu_seqlens_k == nullptr && p.seqused_k == nullptr && p.cache_seqlens == nullptr)
     return invalid("cu_seqlens_q needs cu_seqlens_k (packed keys) or seqused_k (keys per batch entry); got neither");
   if (p.cu_seqlens_q != nullptr && p.total_q < 1)
     return invalid("total_q must be >= 1 with cu_seqlens_q (the rows of the packed q and out); got " +
@@ -323,11 +324,13 @@ Status check_block_descales(const fa3_fwd_params& p) {
 Status check_append(const fa3_fwd_params& p) {
   const bool append = p.k_new.data != nullptr || p.v_new.data != nullptr;
   const bool rotary = p.rotary_cos != nullptr || p.rotary_sin != nullptr;
+  if (p.cu_seqlens_new != nullptr && !append)
+    return invalid("cu_seqlens_new is for packed new keys: k_new and v_new must be given with it");
   if (p.cache_seqlens == nullptr && !append && !rotary) return ok();
   const char* what = append ? "k_new / v_new" : rotary ? "rotary_cos / rotary_sin" : "cache_seqlens";
   if (p.dtype == FA3_DTYPE_E4M3) return not_supported(std::string(what) + " with dtype e4m3");
-  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr)
-    return not_supported(std::string(what) + " with cu_seqlens_q or cu_seqlens_k (packed rows)");
+  if (p.cu_seqlens_k != nullptr)
+    return not_supported(std::string(what) + " with cu_seqlens_k (the cache is indexed by batch entry or page table)");
   if (p.cache_seqlens != nullptr) {
     if (p.seqused_k != nullptr)
       return invalid("seqused_k must be NULL with cache_seqlens (the keys used are cache_seqlens + seqlen_new)");
@@ -340,21 +343,31 @@ Status check_append(const fa3_fwd_params& p) {
     if (p.k_new.data == nullptr || p.v_new.data == nullptr)
       return invalid(std::string(p.k_new.data ? "v_new.data" : "k_new.data") +
                      " must not be NULL: new keys and new values go together");
-    FA3_TRY(check_positive("seqlen_new", p.seqlen_new));
-    const TensorSpec k_new{"k_new", p.dtype, false, p.batch, p.seqlen_new, p.heads_kv, p.head_dim_qk,
-                           "seqlen_new", "heads_kv", "head_dim_qk"};
-    const TensorSpec v_new{"v_new", p.dtype, false, p.batch, p.seqlen_new, p.heads_kv, p.head_dim_v,
-                           "seqlen_new", "heads_kv", "head_dim_v"};
+    // Dense [batch, seqlen_new, ...] or packed [total_new, ...] rows (cu_seqlens_new).
+    const bool packed = p.cu_seqlens_new != nullptr;
+    if (packed) {
+      FA3_TRY(check_positive("total_new", p.total_new));
+      if (!aligned(p.cu_seqlens_new, sizeof(int32_t)))
+        return invalid("cu_seqlens_new must be 4-byte aligned (int32); got " + hex(p.cu_seqlens_new));
+    } else {
+      FA3_TRY(check_positive("seqlen_new", p.seqlen_new));
+    }
+    const int64_t rows = packed ? p.total_new : p.seqlen_new;
+    const char* rows_name = packed ? "total_new" : "seqlen_new";
+    const TensorSpec k_new{"k_new", p.dtype, packed, p.batch, rows, p.heads_kv, p.head_dim_qk,
+                           rows_name, "heads_kv", "head_dim_qk"};
+    const TensorSpec v_new{"v_new", p.dtype, packed, p.batch, rows, p.heads_kv, p.head_dim_v,
+                           rows_name, "heads_kv", "head_dim_v"};
     FA3_TRY(check_tensor(p.k_new, k_new, false));
     FA3_TRY(check_tensor(p.v_new, v_new, false));
     // K and V are written now: no two positions may share an element (a paged cache: pages x rows).
     const bool paged = p.page_table != nullptr;
-    const int64_t blocks = paged ? p.num_pages : p.batch, rows = paged ? p.page_size : p.seqlen_k;
-    const char* rows_name = paged ? "page_size" : "seqlen_k";
-    FA3_TRY(check_no_overlap(p.k, TensorSpec{"k", p.dtype, false, blocks, rows, p.heads_kv, p.head_dim_qk, rows_name,
-                                             "heads_kv", "head_dim_qk"}));
-    FA3_TRY(check_no_overlap(p.v, TensorSpec{"v", p.dtype, false, blocks, rows, p.heads_kv, p.head_dim_v, rows_name,
-                                             "heads_kv", "head_dim_v"}));
+    const int64_t blocks = paged ? p.num_pages : p.batch, cache_rows = paged ? p.page_size : p.seqlen_k;
+    const char* cache_rows_name = paged ? "page_size" : "seqlen_k";
+    FA3_TRY(check_no_overlap(p.k, TensorSpec{"k", p.dtype, false, blocks, cache_rows, p.heads_kv, p.head_dim_qk,
+                                             cache_rows_name, "heads_kv", "head_dim_qk"}));
+    FA3_TRY(check_no_overlap(p.v, TensorSpec{"v", p.dtype, false, blocks, cache_rows, p.heads_kv, p.head_dim_v,
+                                             cache_rows_name, "heads_kv", "head_dim_v"}));
   }
   if (rotary) {
     if (p.rotary_cos == nullptr || p.rotary_sin == nullptr)

@@ -50,25 +50,53 @@ __device__ int64_t cache_offset(const fa3_fwd_params& a, const fa3_tensor& t, in
   return int64_t(b) * t.batch_stride + int64_t(pos) * t.row_stride + int64_t(h) * t.head_stride;
 }
 
-// Work units, a warp each: [batch][seqlen_new][heads_kv] new key/value rows, then (rotate_q)
-// [batch][seqlen_q][heads_q] query rows. Block 0 also writes the key counts (with new keys).
+// Row r of a set of rows that is dense ([batch][per_batch]) or packed (cu: int32 [batch + 1]
+// cumulative counts): its batch entry and its index within that entry.
+struct RowOf {
+  int b, i;
+};
+__device__ RowOf row_of(int64_t r, const int32_t* cu, int batch, int per_batch) {
+  if (cu == nullptr) return {int(r / per_batch), int(r % per_batch)};
+  int lo = 0, hi = batch - 1;  // the last entry starting at or before r (empty entries before it skipped)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return {lo, int(r - cu[lo])};
+}
+// The offset of row (b, i), row r of the set, head h in t: packed rows by r, dense by (b, i).
+__device__ int64_t row_offset(const fa3_tensor& t, bool packed, int64_t r, RowOf row, int h) {
+  return (packed ? r * t.row_stride : int64_t(row.b) * t.batch_stride + int64_t(row.i) * t.row_stride) +
+         int64_t(h) * t.head_stride;
+}
+
+// Work units, a warp each: new key/value rows x heads_kv ([batch][seqlen_new], or total_new packed
+// rows), then (rotate_q) query rows x heads_q ([batch][seqlen_q], or total_q packed rows). Block 0
+// also writes the key counts (with new keys).
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, T* q_out, bool windowed) {
   const int lane = threadIdx.x % 32;
+  const bool packed_new = a.cu_seqlens_new != nullptr, packed_q = a.cu_seqlens_q != nullptr;
   if (blockIdx.x == 0 && seqused != nullptr)
-    for (int b = threadIdx.x; b < a.batch; b += blockDim.x)  // past seqlen_k nothing is written (the caller's contract)
-      seqused[b] = min(a.cache_seqlens[b] + a.seqlen_new, a.seqlen_k);
-  const int64_t kv_units = a.k_new.data != nullptr ? int64_t(a.batch) * a.seqlen_new * a.heads_kv : 0;
+    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {  // past seqlen_k nothing is written (the caller's contract)
+      const int added = packed_new ? a.cu_seqlens_new[b + 1] - a.cu_seqlens_new[b] : a.seqlen_new;
+      seqused[b] = min(a.cache_seqlens[b] + added, a.seqlen_k);
+    }
+  const int64_t new_rows = packed_new ? a.total_new : int64_t(a.batch) * a.seqlen_new;
+  const int64_t kv_units = a.k_new.data != nullptr ? new_rows * a.heads_kv : 0;
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   // Positions past the table (a broken contract) read its last row rather than past it.
   auto table_row = [&](int pos) { return min(pos, a.rotary_rows - 1); };
   if (unit < kv_units) {
-    const int h = int(unit % a.heads_kv), i = int(unit / a.heads_kv % a.seqlen_new),
-              b = int(unit / (int64_t(a.heads_kv) * a.seqlen_new));
+    const int h = int(unit % a.heads_kv);
+    const int64_t r = unit / a.heads_kv;
+    const RowOf row = row_of(r, a.cu_seqlens_new, a.batch, a.seqlen_new);
+    const int b = row.b, i = row.i;
     const int pos = (a.cache_seqlens ? a.cache_seqlens[b] : 0) + i;
     if (pos >= a.seqlen_k) return;
-    const int64_t src = int64_t(b) * a.k_new.batch_stride + int64_t(i) * a.k_new.row_stride + int64_t(h) * a.k_new.head_stride;
-    const int64_t vsrc = int64_t(b) * a.v_new.batch_stride + int64_t(i) * a.v_new.row_stride + int64_t(h) * a.v_new.head_stride;
+    const int64_t src = row_offset(a.k_new, packed_new, r, row, h);
+    const int64_t vsrc = row_offset(a.v_new, packed_new, r, row, h);
     rotate_row<T>(a, static_cast<const T*>(a.k_new.data) + src, static_cast<T*>(a.k.data) + cache_offset(a, a.k, b, pos, h),
                   a.head_dim_qk, table_row(pos), lane);
     const T* v_src = static_cast<const T*>(a.v_new.data) + vsrc;
@@ -78,15 +106,17 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
   }
   if (q_out == nullptr) return;
   const int64_t qu = unit - kv_units;
-  if (qu >= int64_t(a.batch) * a.seqlen_q * a.heads_q) return;
-  const int h = int(qu % a.heads_q), i = int(qu / a.heads_q % a.seqlen_q), b = int(qu / (int64_t(a.heads_q) * a.seqlen_q));
+  const int64_t q_rows = packed_q ? a.total_q : int64_t(a.batch) * a.seqlen_q;
+  if (qu >= q_rows * a.heads_q) return;
+  const int h = int(qu % a.heads_q);
+  const int64_t r = qu / a.heads_q;
+  const RowOf row = row_of(r, a.cu_seqlens_q, a.batch, a.seqlen_q);
   // FlashAttention-3's rule: a causal or windowed query sits at the cache's end plus its index,
   // others at the cache's end.
-  const int pos = (a.cache_seqlens ? a.cache_seqlens[b] : 0) + (windowed ? i : 0);
-  const T* src = static_cast<const T*>(a.q.data) + int64_t(b) * a.q.batch_stride + int64_t(i) * a.q.row_stride +
-                 int64_t(h) * a.q.head_stride;
-  rotate_row<T>(a, src, q_out + ((int64_t(b) * a.seqlen_q + i) * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk,
-                table_row(pos), lane);
+  const int pos = (a.cache_seqlens ? a.cache_seqlens[row.b] : 0) + (windowed ? row.i : 0);
+  const T* src = static_cast<const T*>(a.q.data) + row_offset(a.q, packed_q, r, row, h);
+  // (the copy's rows in Q's order: dense [batch][seqlen_q] or packed, heads_q x head_dim_qk each)
+  rotate_row<T>(a, src, q_out + (r * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk, table_row(pos), lane);
 }
 
 }  // namespace
@@ -97,7 +127,8 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
   w.rotate_q = a.rotary_cos != nullptr;
   w.seqused = 0;
   w.q = align256(a.k_new.data != nullptr ? size_t(a.batch) * sizeof(int) : 0);
-  const size_t q_bytes = w.rotate_q ? size_t(a.batch) * a.seqlen_q * a.heads_q * a.head_dim_qk * 2 : 0;
+  const size_t q_rows = a.cu_seqlens_q != nullptr ? size_t(a.total_q) : size_t(a.batch) * a.seqlen_q;
+  const size_t q_bytes = w.rotate_q ? q_rows * a.heads_q * a.head_dim_qk * 2 : 0;
   w.bytes = align256(w.q + q_bytes);
   return w;
 }
@@ -113,12 +144,13 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a) {
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   auto at = [&](size_t offset) { return base != nullptr ? base + offset : nullptr; };
   if (a.k_new.data != nullptr) r.seqused_k = reinterpret_cast<const int32_t*>(at(w.seqused));
-  if (w.rotate_q) {
+  if (w.rotate_q) {  // (packed rows: the batch stride is not read)
     const int64_t d = a.head_dim_qk, h = a.heads_q;
     r.q = fa3_tensor{at(w.q), int64_t(a.seqlen_q) * h * d, h * d, d};
   }
   r.k_new = r.v_new = fa3_tensor{};
-  r.seqlen_new = 0;
+  r.seqlen_new = r.total_new = 0;
+  r.cu_seqlens_new = nullptr;
   r.rotary_cos = r.rotary_sin = nullptr;
   r.rotary_dim = r.rotary_rows = 0;
   // The attention's own scratch follows (a workspace of exactly the append's share leaves none).
@@ -131,8 +163,10 @@ Status launch_append(const fa3_fwd_params& a, cudaStream_t stream) {
   const AppendWorkspace w = append_workspace(a);
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   int* seqused = a.k_new.data != nullptr ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
-  const int64_t kv_units = a.k_new.data != nullptr ? int64_t(a.batch) * a.seqlen_new * a.heads_kv : 0;
-  const int64_t q_units = w.rotate_q ? int64_t(a.batch) * a.seqlen_q * a.heads_q : 0;
+  const int64_t new_rows = a.cu_seqlens_new != nullptr ? a.total_new : int64_t(a.batch) * a.seqlen_new;
+  const int64_t q_rows = a.cu_seqlens_q != nullptr ? a.total_q : int64_t(a.batch) * a.seqlen_q;
+  const int64_t kv_units = a.k_new.data != nullptr ? new_rows * a.heads_kv : 0;
+  const int64_t q_units = w.rotate_q ? q_rows * a.heads_q : 0;
   const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
   const bool windowed = a.causal != 0 || a.window_left >= 0 || a.window_right >= 0;

@@ -18,7 +18,8 @@ namespace fa3::attn {
 inline bool has_append(const fa3_fwd_params& a) { return a.k_new.data != nullptr || a.rotary_cos != nullptr; }
 
 // Its share of the workspace, first in it: the key counts (int32 [batch], with new keys) and the
-// rotated Q (contiguous [batch, seqlen_q, heads_q, head_dim_qk] in dtype), each 256-byte aligned;
+// rotated Q (contiguous [batch, seqlen_q, heads_q, head_dim_qk] in dtype, or [total_q, heads_q,
+// head_dim_qk] for packed queries), each 256-byte aligned;
 // the attention's own scratch (split-KV partials) follows at `bytes`.
 struct AppendWorkspace {
   size_t seqused = 0, q = 0, bytes = 0;

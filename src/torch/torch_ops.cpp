@@ -344,9 +344,10 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
                                        OptTensor cache_seqlens, OptTensor rotary_cos, OptTensor rotary_sin,
                                        bool rotary_interleaved, OptTensor page_table, int64_t max_seqlen_k,
                                        double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                                       double softcap, int64_t num_splits, OptTensor sinks) {
+                                       double softcap, int64_t num_splits, OptTensor sinks, OptTensor cu_seqlens_q,
+                                       int64_t max_seqlen_q, OptTensor cu_seqlens_k_new) {
   q = with_unit_head_stride(q);
-  Problem p = make_problem(q, k_cache, v_cache, std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0,
+  Problem p = make_problem(q, k_cache, v_cache, cu_seqlens_q, std::nullopt, std::nullopt, std::nullopt, max_seqlen_q,
                            max_seqlen_k, page_table, softmax_scale, causal, window_left, window_right, softcap);
   fa3::FwdArgs& a = p.args;
   const auto guard = device_guard(p.device);
@@ -355,12 +356,22 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
   if (k_new.has_value()) {
     FA3_TORCH_CHECK(k_new->scalar_type() == q.scalar_type() && v_new->scalar_type() == q.scalar_type(),
                     "k_new, v_new: expected the dtype of q (", dtype_str(q.scalar_type()), ")");
-    FA3_TORCH_CHECK(k_new->dim() == 4 && v_new->dim() == 4 && k_new->size(0) == a.batch &&
-                        v_new->size(0) == a.batch && v_new->size(1) == k_new->size(1),
-                    "k_new, v_new: expected [batch, seqlen_new, heads_kv, head_dim] with q's batch ", a.batch);
-    a.k_new = view_of(*k_new, "k_new", false, p.device);
-    a.v_new = view_of(*v_new, "v_new", false, p.device);
-    a.seqlen_new = static_cast<int32_t>(k_new->size(1));
+    const bool packed = cu_seqlens_k_new.has_value();
+    if (packed) {  // [total_new, heads_kv, head_dim] rows, sequence b's from cu_seqlens_k_new[b]
+      FA3_TORCH_CHECK(k_new->dim() == 3 && v_new->dim() == 3 && v_new->size(0) == k_new->size(0),
+                      "k_new, v_new: expected [total_new, heads_kv, head_dim] with cu_seqlens_k_new");
+      a.cu_seqlens_new = int32_vector(cu_seqlens_k_new, "cu_seqlens_k_new", a.batch + 1, p.device);
+      a.total_new = static_cast<int32_t>(k_new->size(0));
+    } else {
+      FA3_TORCH_CHECK(k_new->dim() == 4 && v_new->dim() == 4 && k_new->size(0) == a.batch &&
+                          v_new->size(0) == a.batch && v_new->size(1) == k_new->size(1),
+                      "k_new, v_new: expected [batch, seqlen_new, heads_kv, head_dim] with q's batch ", a.batch);
+      a.seqlen_new = static_cast<int32_t>(k_new->size(1));
+    }
+    a.k_new = view_of(*k_new, "k_new", packed, p.device);
+    a.v_new = view_of(*v_new, "v_new", packed, p.device);
+  } else {
+    FA3_TORCH_CHECK(!cu_seqlens_k_new.has_value(), "cu_seqlens_k_new: given without k_new / v_new");
   }
   FA3_TORCH_CHECK(rotary_cos.has_value() == rotary_sin.has_value(), "rotary_cos, rotary_sin: give both or neither");
   if (rotary_cos.has_value()) {
@@ -549,7 +560,8 @@ STABLE_TORCH_LIBRARY(fa3, m) {
   m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new=None, Tensor? v_new=None, "
         "Tensor? cache_seqlens=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=True, "
         "Tensor? page_table=None, int max_seqlen_k=0, float softmax_scale=0.0, bool causal=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? sinks=None) "
+        "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? sinks=None, "
+        "Tensor? cu_seqlens_q=None, int max_seqlen_q=0, Tensor? cu_seqlens_k_new=None) "
         "-> (Tensor out, Tensor softmax_lse)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
   m.def("quantize_fp8(Tensor x, int block_size=128, bool hadamard=False, int seed=0) "
