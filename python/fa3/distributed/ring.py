@@ -14,7 +14,7 @@ LSE (blocks.py), and each accumulator's hop overlaps the next step's attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -38,16 +38,10 @@ class RingSpec:
     blocks: Any = None     # forward/backward of one block (blocks.Fa3Blocks by default)
 
 
-def _lse_shape(q: torch.Tensor, rows: ShardRows):
-    # fa3's LSE: BSHD [b, h, s]; packed [h, total].
-    return (q.shape[1], q.shape[0]) if rows[ALL].packed else (q.shape[0], q.shape[2], q.shape[1])
-
-
 def ring_forward(q, k, v, spec: RingSpec):
     """(out in q's dtype, lse float32) of the local queries against every rank's keys."""
     ex, W, r = spec.exchange, spec.exchange.world, spec.exchange.rank
-    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32, device=q.device)
-    lse = torch.full(_lse_shape(q, spec.rows), float("-inf"), dtype=torch.float32, device=q.device)
+    out = lse = None
     k_cur, v_cur = k.contiguous(), v.contiguous()
     for t in range(W):
         pending = ex.start([k_cur, v_cur]) if t < W - 1 else None
@@ -56,9 +50,14 @@ def ring_forward(q, k, v, spec: RingSpec):
             qr, kr = spec.rows[plan.q_rows], spec.rows[plan.kv_rows]
             o, l = spec.blocks.forward(qr.take(q), kr.take(k_cur), kr.take(v_cur), qr, kr, causal=plan.causal,
                                        scale=spec.scale, softcap=spec.softcap)
-            o_acc, l_acc = qr.take(out), qr.take_lse(lse)
-            merge_(o_acc, l_acc, o, l)
-            qr.put(out, o_acc, lse, l_acc)
+            if t == 0:  # the own shard, every row (step_plan): the running result starts as it
+                if W == 1:
+                    return o, l
+                out, lse = o.float(), l.float()
+            else:
+                o_acc, l_acc = qr.take(out), qr.take_lse(lse)
+                merge_(o_acc, l_acc, o, l)
+                qr.put(out, o_acc, lse, l_acc)
         if pending is not None:
             k_cur, v_cur = pending.wait()
     return out.to(q.dtype), lse
@@ -67,7 +66,11 @@ def ring_forward(q, k, v, spec: RingSpec):
 def ring_backward(dout, q, k, v, out, lse, spec: RingSpec):
     """(dq, dk, dv) of the local shards, in their dtypes."""
     ex, W, r = spec.exchange, spec.exchange.world, spec.exchange.rank
-    dq = torch.zeros_like(q, dtype=torch.float32)
+    if W == 1:  # the own shard alone (every row: step_plan)
+        qr = kr = spec.rows[ALL]
+        return spec.blocks.backward(dout, q, k, v, out, lse, qr, kr, causal=spec.causal, scale=spec.scale,
+                                    softcap=spec.softcap, deterministic=spec.deterministic)
+    dq = None
     k_cur, v_cur = k.contiguous(), v.contiguous()
     dk_acc = dv_acc = None
     acc_pending = None
@@ -81,16 +84,17 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec):
                                          qr.take_lse(lse).contiguous(), qr, kr, causal=plan.causal,
                                          scale=spec.scale, softcap=spec.softcap,
                                          deterministic=spec.deterministic)
-            qr.add_(dq, grads[0])
-        # The accumulators of the shard here: new at step 0, else arriving from the previous rank.
-        if acc_pending is None:
-            dk_acc = torch.zeros_like(k_cur, dtype=torch.float32)
-            dv_acc = torch.zeros_like(v_cur, dtype=torch.float32)
+        # Step 0 is the own shard with every row (step_plan): the float32 sums start as its gradients;
+        # later the shard's accumulators arrive from the previous rank.
+        if t == 0:
+            dq, dk_acc, dv_acc = (g.float() for g in grads)
         else:
+            if grads is not None:
+                qr.add_(dq, grads[0])
             dk_acc, dv_acc = acc_pending.wait()
-        if grads is not None:
-            kr.add_(dk_acc, grads[1])
-            kr.add_(dv_acc, grads[2])
+            if grads is not None:
+                kr.add_(dk_acc, grads[1])
+                kr.add_(dv_acc, grads[2])
         acc_pending = ex.start([dk_acc, dv_acc])
         if kv_pending is not None:
             k_cur, v_cur = kv_pending.wait()
