@@ -4,6 +4,7 @@
     out = fa3.flash_attn_func(q, k, v, causal=True)        # FlashAttention-3's interface
     fa3.sdpa.activate()                                    # F.scaled_dot_product_attention -> fa3
     fa3.hf.register()                                      # attn_implementation="fa3"
+    fa3.distributed.ring_attn_func(q, k, v, causal=True)   # a sequence split over a process group
 
 The operators are ``torch.ops.fa3.fwd`` / ``torch.ops.fa3.bwd`` (dispatcher ops with fake kernels
 and autograd: torch.compile, torch.export and CUDA graphs work through them).
@@ -24,8 +25,9 @@ def available() -> bool:
 
 
 def __getattr__(name):
-    # sdpa and hf import torch.nn.attention / transformers: load them on first use only.
-    if name in ("sdpa", "hf"):
+    # sdpa, hf and distributed import torch.nn.attention / transformers / torch.distributed: load
+    # them on first use only.
+    if name in ("sdpa", "hf", "distributed"):
         import importlib
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'fa3' has no attribute {name!r}")

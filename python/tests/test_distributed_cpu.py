@@ -218,6 +218,8 @@ def test_gloo_ring_with_autograd(world, causal, layout, packed):
 
 
 def test_public_functions_check_their_arguments():
+    import fa3
+    assert fa3.distributed is cp  # (loaded on first use, as fa3.sdpa)
     q = torch.zeros(1, 8, 2, 8)
     with pytest.raises(ValueError, match="same length"):
         cp.ring_attn_func(q, torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8))
