@@ -160,3 +160,31 @@ def attention_reference(q, k, v, *, causal, scale, softcap=0.0, cu_seqlens=None)
     c = cu_seqlens.tolist()
     outs = [one(q[c[i]:c[i + 1]], k[c[i]:c[i + 1]], v[c[i]:c[i + 1]]) for i in range(len(c) - 1)]
     return torch.cat([o for o, _ in outs]), torch.cat([l for _, l in outs], dim=1)
+
+
+class ThreadGroup:
+    """W virtual ranks in one process for the head-parallel layer: ``exchange(r)`` has rank, world
+    and all_to_all(x [W, ...]) (chunk i to rank i; every rank must call it, as a collective)."""
+
+    def __init__(self, world):
+        self.world = world
+        self._slots = [None] * world
+        self._barrier = threading.Barrier(world)
+
+    def exchange(self, rank):
+        group = self
+
+        class Exchange:
+            def __init__(self):
+                self.rank, self.world = rank, group.world
+
+            def all_to_all(self, x):
+                group._slots[rank] = x.clone()
+                group._barrier.wait()
+                out = torch.stack([group._slots[src][rank] for src in range(group.world)])
+                group._barrier.wait()  # (nobody overwrites a slot before everyone has read it)
+                return out
+
+        return Exchange()
+
+    run = ThreadRing.run

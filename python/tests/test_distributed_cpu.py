@@ -18,7 +18,8 @@ from fa3.distributed.layout import ALL, FIRST, SECOND, step_plan
 from fa3.distributed.merge import merge_
 from fa3.distributed.ring import RingAttention, RingSpec, ring_backward, ring_forward
 from fa3.distributed.rows import ShardRows
-from ring_util import ReferenceBlocks, ThreadRing, attention_reference
+from fa3.distributed.ulysses import HeadExchange, UlyssesAttention, UlyssesSpec, ulysses_backward, ulysses_forward
+from ring_util import ReferenceBlocks, ThreadGroup, ThreadRing, attention_reference
 from util import rel_err
 
 
@@ -167,6 +168,25 @@ def test_thread_ring_matches_whole_sequence_attention(world, causal, layout, pac
                              q, k, v, dout, cu, causal, softcap, layout, scale)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_thread_ulysses_matches_whole_sequence_attention(world, causal):
+    q, k, v, dout, _ = _problem(world * 10 + causal + 1, world, "contiguous", False, heads=8, heads_kv=4)
+    softcap = 5.0 if world == 2 else 0.0
+    group = ThreadGroup(world)
+
+    def rank_fn(r):
+        ql, kl, vl, dol = (cp.shard(x, world, r, "contiguous") for x in (q, k, v, dout))
+        spec = UlyssesSpec(exchange=group.exchange(r), causal=causal, scale=0.3, softcap=softcap,
+                           blocks=ReferenceBlocks)
+        out, lse, saved = ulysses_forward(ql, kl, vl, spec)
+        return out, lse, ulysses_backward(dol, saved, spec)
+
+    results = group.run(rank_fn)
+    _check_against_reference([o for o, _, _ in results], [l for _, l, _ in results], [g for _, _, g in results],
+                             q, k, v, dout, None, causal, softcap, "contiguous", 0.3)
+
+
 # ---- real processes over gloo: the torch.distributed exchange and the autograd function ----------
 def _free_port():
     with socket.socket() as s:
@@ -174,37 +194,44 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _gloo_rank(rank, world, port, causal, layout, packed, results):
+def _gloo_rank(rank, world, port, causal, layout, packed, results, method="ring"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         q, k, v, dout, cu = _problem(7, world, layout, packed)
         ql, kl, vl, dol = (_local(x, cu, world, rank, layout).requires_grad_(x is not dout)
                            for x in (q, k, v, dout))
-        spec = RingSpec(exchange=RingExchange(None), rows=_rows(ql, cu, world, layout), causal=causal, layout=layout, scale=0.25,
-                        blocks=ReferenceBlocks)
-        out, lse = RingAttention.apply(ql, kl, vl, spec)
+        if method == "ring":
+            spec = RingSpec(exchange=RingExchange(None), rows=_rows(ql, cu, world, layout), causal=causal,
+                            layout=layout, scale=0.25, blocks=ReferenceBlocks)
+            out, lse = RingAttention.apply(ql, kl, vl, spec)
+        else:
+            spec = UlyssesSpec(exchange=HeadExchange(None), causal=causal, scale=0.25, blocks=ReferenceBlocks)
+            out, lse = UlyssesAttention.apply(ql, kl, vl, spec)
         out.backward(dol)
         results[rank] = (out.detach(), lse, (ql.grad, kl.grad, vl.grad))
     finally:
         dist.destroy_process_group()
 
 
-def _gloo_main(rank, world, port, causal, layout, packed, queue_):
+def _gloo_main(rank, world, port, causal, layout, packed, queue_, method):
     results = {}
-    _gloo_rank(rank, world, port, causal, layout, packed, results)
+    _gloo_rank(rank, world, port, causal, layout, packed, results, method)
     buf = io.BytesIO()  # (bytes, not tensors: a tensor sent through a queue lives in this process)
     torch.save(results[rank], buf)
     queue_.put((rank, buf.getvalue()))
 
 
-@pytest.mark.parametrize("world,causal,layout,packed", [(2, True, "zigzag", False), (3, True, "zigzag", True),
-                                                        (3, False, "contiguous", False)])
-def test_gloo_ring_with_autograd(world, causal, layout, packed):
+@pytest.mark.parametrize("world,causal,layout,packed,method", [(2, True, "zigzag", False, "ring"),
+                                                               (3, True, "zigzag", True, "ring"),
+                                                               (3, False, "contiguous", False, "ring"),
+                                                               (2, True, "contiguous", False, "ulysses")])
+def test_gloo_with_autograd(world, causal, layout, packed, method):
     ctx = mp.get_context("spawn")
     q_ = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_gloo_main, args=(r, world, port, causal, layout, packed, q_)) for r in range(world)]
+    procs = [ctx.Process(target=_gloo_main, args=(r, world, port, causal, layout, packed, q_, method))
+             for r in range(world)]
     for p in procs:
         p.start()
     got = {r: torch.load(io.BytesIO(b)) for r, b in (q_.get(timeout=180) for _ in range(world))}

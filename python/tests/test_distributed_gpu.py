@@ -1,6 +1,7 @@
 """fa3.distributed on one Hopper GPU: rings of 2 and 4 virtual ranks (threads, each calling fa3's
 operators) against single-GPU fa3 and float64, BSHD and packed, causal and not, both layouts; the
-public functions over a one-rank NCCL group with autograd; PyTorch's own context_parallel running
+head-parallel layer over 2 and 4 threads against single-GPU fa3; the public functions over a one-rank
+NCCL group with autograd; PyTorch's own context_parallel running
 through fa3's SDPA route. (Two GPUs: bench/ring_bench.py --world 2 under torchrun.)"""
 
 import os
@@ -16,7 +17,8 @@ from fa3 import _ops
 from fa3.distributed.blocks import Fa3Blocks
 from fa3.distributed.ring import RingSpec, ring_backward, ring_forward
 from fa3.distributed.rows import ShardRows
-from ring_util import ThreadRing, attention_reference
+from fa3.distributed.ulysses import UlyssesSpec, ulysses_backward, ulysses_forward
+from ring_util import ThreadGroup, ThreadRing, attention_reference
 from util import count_calls, rel_err, skip_unless_hopper
 
 skip_unless_hopper()
@@ -92,6 +94,33 @@ def test_thread_ring_on_fa3_matches_single_gpu(world, causal, layout, packed):
         assert rel_err(got, want) <= 1e-2, name
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_thread_ulysses_on_fa3_matches_single_gpu(world, causal):
+    torch.manual_seed(world * 10 + causal)
+    scale = 0.088
+    q, dout = (torch.randn(2, 1024, 8, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 1024, 4, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    group = ThreadGroup(world)
+
+    def rank_fn(r):
+        ql, kl, vl, dol = (cp.shard(x, world, r, "contiguous") for x in (q, k, v, dout))
+        spec = UlyssesSpec(exchange=group.exchange(r), causal=causal, scale=scale, blocks=Fa3Blocks)
+        out, lse, saved = ulysses_forward(ql, kl, vl, spec)
+        return out, lse, ulysses_backward(dol, saved, spec)
+
+    results = group.run(rank_fn)
+    torch.cuda.synchronize()
+    out = cp.unshard([o for o, _, _ in results], "contiguous")
+    lse = cp.unshard([l.transpose(1, 2) for _, l, _ in results], "contiguous").transpose(1, 2)
+    grads = [cp.unshard([g[i] for _, _, g in results], "contiguous") for i in range(3)]
+    one_out, one_lse, one_grads = _single_gpu(q, k, v, dout, causal, None, 0, scale)
+    assert rel_err(out, one_out) <= 1e-2
+    assert torch.allclose(lse, one_lse, atol=1e-3, rtol=1e-3)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, one_grads):
+        assert rel_err(got, want) <= 1e-2, name
+
+
 @pytest.fixture(scope="module")
 def nccl_group():
     """A one-rank NCCL process group (the ring's own transfers are skipped at world size 1)."""
@@ -129,6 +158,20 @@ def test_public_functions_with_autograd_on_one_rank(nccl_group):
     one_out, _, one_grads = _single_gpu(qp, kp, vp, dout[0], True, cu, 668, 128 ** -0.5)
     assert rel_err(out, one_out) <= 1e-2
     for got, want in zip((qp.grad, kp.grad, vp.grad), one_grads):
+        assert rel_err(got, want) <= 1e-2
+
+
+def test_ulysses_function_with_autograd_on_one_rank(nccl_group):
+    torch.manual_seed(13)
+    q = torch.randn(1, 512, 8, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 512, 2, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 512, 2, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    out = cp.ulysses_attn_func(q, k, v, causal=True, group=nccl_group)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    one_out, _, one_grads = _single_gpu(q, k, v, dout, True, None, 0, 128 ** -0.5)
+    assert rel_err(out, one_out) <= 1e-2
+    for got, want in zip((q.grad, k.grad, v.grad), one_grads):
         assert rel_err(got, want) <= 1e-2
 
 

@@ -10,6 +10,9 @@ point-to-point transfers that overlap the current shard's attention; partial out
 their LSE (merge.py); the backward sends dK/dV accumulators round behind the K/V shards. Causal
 attention uses the zigzag layout (layout.py) so that every rank does the same work. Packed (varlen)
 batches shard each sequence: :func:`ring_attn_varlen_func` with :func:`local_cu_seqlens`.
+
+:func:`ulysses_attn_func` is the head-parallel alternative (ulysses.py): two all-to-alls around one
+fa3 call on the whole sequence for 1/W of the heads; contiguous shards, heads divisible by W.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from .exchange import RingExchange
 from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingAttention, RingSpec
 from .rows import ShardRows
+from .ulysses import HeadExchange, UlyssesAttention, UlyssesSpec
 
-__all__ = ["ring_attn_func", "ring_attn_varlen_func", "shard", "unshard", "shard_varlen", "unshard_varlen",
-           "local_cu_seqlens", "LAYOUTS"]
+__all__ = ["ring_attn_func", "ring_attn_varlen_func", "ulysses_attn_func", "shard", "unshard", "shard_varlen",
+           "unshard_varlen", "local_cu_seqlens", "LAYOUTS"]
 
 
 def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
@@ -89,4 +93,23 @@ def ring_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     rows = ShardRows(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), total=q.shape[0])
     out, lse = _run(q, k, v, rows, softmax_scale=softmax_scale, causal=causal, softcap=softcap, group=group,
                     layout=layout, deterministic=deterministic)
+    return (out, lse) if return_lse else out
+
+
+def ulysses_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
+                      causal: bool = False, softcap: float = 0.0, group=None, deterministic: bool = False,
+                      return_lse: bool = False):
+    """Head-parallel attention of this rank's contiguous shards q, k, v [batch, seqlen_local, heads,
+    head_dim] (:func:`shard` with ``layout="contiguous"``) over the whole sequence held by ``group``:
+    heads_q and heads_kv must be multiples of the group's size. Returns the output shard (and its LSE
+    [batch, heads, seqlen_local] with ``return_lse``); differentiable in q, k, v."""
+    _check_shards(q, k, v, 1, "contiguous")
+    exchange = HeadExchange(group)
+    w = exchange.world
+    if q.shape[2] % w or k.shape[2] % w:
+        raise ValueError(f"fa3.distributed: ulysses_attn_func splits the heads over the group's {w} ranks: heads_q "
+                         f"({q.shape[2]}) and heads_kv ({k.shape[2]}) must be multiples of {w}")
+    spec = UlyssesSpec(exchange=exchange, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
+                       softcap=float(softcap), deterministic=deterministic, blocks=Fa3Blocks)
+    out, lse = UlyssesAttention.apply(q, k, v, spec)
     return (out, lse) if return_lse else out

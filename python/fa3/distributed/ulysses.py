@@ -1,0 +1,114 @@
+"""Head-parallel context parallelism (DeepSpeed-Ulysses' scheme), beside the ring.
+
+Each rank holds a contiguous shard of the sequence (layout "contiguous") with every head. One
+all-to-all turns that into the whole sequence for 1/W of the heads; fa3 runs on it as on one GPU
+(any mask: the rank sees every key of its heads); a second all-to-all turns the output back into
+sequence shards. The backward mirrors it. Per rank and call, the all-to-alls move (W-1)/W of the
+local Q, K, V and O (forward; dO, dQ, dK, dV backward) whatever W is, where a ring moves W-1 K/V
+shards: fewer bytes for large W, but the heads (and the KV heads) must split W ways, and the
+all-to-alls do not overlap the attention. docs/context-parallel.md compares the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .layout import ALL
+from .rows import ShardRows
+
+__all__ = ["HeadExchange", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "UlyssesAttention"]
+
+
+class HeadExchange:
+    """all_to_all over a torch.distributed group: chunk i of dim 0 goes to rank i, chunk j of the
+    result came from rank j (NCCL: on NCCL's stream, ordered after the current stream's work)."""
+
+    def __init__(self, group=None):
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+
+    def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return x
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=self.group)
+        return out
+
+
+@dataclass
+class UlyssesSpec:
+    exchange: Any   # .rank, .world, .all_to_all(x [W, ...]) -> [W, ...]
+    causal: bool
+    scale: float
+    softcap: float = 0.0
+    deterministic: bool = False
+    blocks: Any = None  # blocks.Fa3Blocks by default
+
+
+def to_heads(x: torch.Tensor, ex) -> torch.Tensor:
+    """[b, s_local, h, d] sequence shard -> [b, W s_local, h / W, d]: the whole sequence, this rank's
+    heads (head group r on rank r)."""
+    b, s, h, d = x.shape
+    w = ex.world
+    y = x.reshape(b, s, w, h // w, d).permute(2, 0, 1, 3, 4).contiguous()  # [to rank, b, s, h/W, d]
+    y = ex.all_to_all(y)                                                    # [from rank, b, s, h/W, d]
+    return y.permute(1, 0, 2, 3, 4).reshape(b, w * s, h // w, d)
+
+
+def to_sequence(x: torch.Tensor, ex) -> torch.Tensor:
+    """to_heads' inverse: [b, W s_local, h / W, d] -> [b, s_local, h, d]."""
+    b, S, hh, d = x.shape
+    w = ex.world
+    y = x.reshape(b, w, S // w, hh, d).permute(1, 0, 2, 3, 4).contiguous()  # [to rank, b, s, h/W, d]
+    y = ex.all_to_all(y)                                                     # [head group, b, s, h/W, d]
+    return y.permute(1, 2, 0, 3, 4).reshape(b, S // w, w * hh, d)
+
+
+def lse_to_sequence(lse: torch.Tensor, ex) -> torch.Tensor:
+    """fa3's LSE of the rank's heads [b, h / W, W s_local] -> [b, h, s_local]."""
+    b, hh, S = lse.shape
+    w = ex.world
+    y = lse.reshape(b, hh, w, S // w).permute(2, 0, 1, 3).contiguous()  # [to rank, b, h/W, s]
+    y = ex.all_to_all(y)                                                # [head group, b, h/W, s]
+    return y.permute(1, 0, 2, 3).reshape(b, w * hh, S // w)
+
+
+def ulysses_forward(q, k, v, spec: UlyssesSpec):
+    """(out [b, s_local, h, d_v], lse [b, h, s_local], saved): saved holds what the backward reads."""
+    ex = spec.exchange
+    qh, kh, vh = (to_heads(x, ex) for x in (q, k, v))
+    rows = ShardRows(seqlen=qh.shape[1])[ALL]
+    o, l = spec.blocks.forward(qh, kh, vh, rows, rows, causal=spec.causal, scale=spec.scale, softcap=spec.softcap)
+    return to_sequence(o, ex), lse_to_sequence(l, ex), (qh, kh, vh, o, l)
+
+
+def ulysses_backward(dout, saved, spec: UlyssesSpec):
+    """(dq, dk, dv) of the local sequence shards."""
+    ex = spec.exchange
+    qh, kh, vh, o, l = saved
+    rows = ShardRows(seqlen=qh.shape[1])[ALL]
+    grads = spec.blocks.backward(to_heads(dout, ex), qh, kh, vh, o, l, rows, rows, causal=spec.causal,
+                                 scale=spec.scale, softcap=spec.softcap, deterministic=spec.deterministic)
+    return tuple(to_sequence(g, ex) for g in grads)
+
+
+class UlyssesAttention(torch.autograd.Function):
+    """(out, lse) of the local sequence shards; differentiable in q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec: UlyssesSpec):
+        out, lse, saved = ulysses_forward(q, k, v, spec)
+        ctx.save_for_backward(*saved)
+        ctx.spec = spec
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        dq, dk, dv = ulysses_backward(dout.contiguous(), ctx.saved_tensors, ctx.spec)
+        return dq, dk, dv, None
