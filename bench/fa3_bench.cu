@@ -10,7 +10,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include "src/api/problem.h"
 #include "src/attention/fwd_config.h"
 #include "src/attention/fwd_params.h"
+#include "src/hopper/driver_api.h"
 
 namespace {
 
@@ -353,13 +353,9 @@ void host_cost() {
               sizeof blob);
   // The same through the driver with the function looked up once (the runtime's <<<>>> finds the
   // function and the current context at each call).
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault, &found));
   cudaFunction_t fn = nullptr;
   CHECK_CUDA(cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(empty_kernel)));
-  if (found == cudaDriverEntryPointSuccess && entry != nullptr) {
-    auto launch = reinterpret_cast<PFN_cuLaunchKernel_v4000>(entry);
+  if (const auto launch = fa3::hopper::driver_api().launch_kernel.fn) {
     const double driver = best_burst([&] {
       void* args[] = {&blob};
       if (launch(reinterpret_cast<CUfunction>(fn), 1, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr) != CUDA_SUCCESS)

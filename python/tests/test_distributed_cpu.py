@@ -246,7 +246,11 @@ def test_gloo_with_autograd(world, causal, layout, packed, method):
 
 def test_public_functions_check_their_arguments():
     import fa3
+    from fa3.distributed.blocks import Fa3Blocks
     assert fa3.distributed is cp  # (loaded on first use, as fa3.sdpa)
+    # The layers' specs run fa3's operators unless a stand-in is passed.
+    assert RingSpec(exchange=None, rows=None, layout="zigzag", causal=False, scale=1.0).blocks is Fa3Blocks
+    assert UlyssesSpec(exchange=None, causal=False, scale=1.0).blocks is Fa3Blocks
     q = torch.zeros(1, 8, 2, 8)
     with pytest.raises(ValueError, match="same length"):
         cp.ring_attn_func(q, torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8))

@@ -92,15 +92,15 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
   FA3_TRY(validate_fwd(p));
   FA3_TRY(check_device());
   if (check_pointers) FA3_TRY(check_fwd_pointers(*p));
+  const attn::AppendWorkspace w = attn::append_workspace(*p);
   if (attn::has_append(*p)) {
-    const size_t append_bytes = attn::append_workspace(*p).bytes;
-    if (p->workspace_bytes < append_bytes)
+    if (p->workspace_bytes < w.bytes)
       return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the KV-cache append (" +
-                     std::to_string(append_bytes) + " bytes for the key counts and the rotated q); got " +
+                     std::to_string(w.bytes) + " bytes for the key counts and the rotated q); got " +
                      std::to_string(p->workspace_bytes));
-    FA3_TRY(attn::launch_append(*p, stream));
+    FA3_TRY(attn::launch_append(*p, w, stream));
   }
-  const fa3_fwd_params a = attn::attention_params(*p);
+  const fa3_fwd_params a = attn::attention_params(*p, w);
   const FwdProblem f = make_problem(a);
   if (hopper_fwd_unsupported_reason(f) == nullptr) return hopper_fwd(f, stream);
   return oracle_fwd(f, stream);
@@ -109,7 +109,7 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
 Status kernel_name_impl(const fa3_fwd_params* p, const char** name) {
   if (name == nullptr) return invalid("name must not be NULL");
   FA3_TRY(validate_fwd(p));
-  const fa3_fwd_params a = attn::attention_params(*p);
+  const fa3_fwd_params a = attn::attention_params(*p, attn::append_workspace(*p));
   *name = hopper_fwd_unsupported_reason(make_problem(a)) == nullptr ? "hopper" : "reference-gpu";
   return ok();
 }
@@ -118,11 +118,11 @@ Status kernel_name_impl(const fa3_fwd_params* p, const char** name) {
 Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_fwd(p));
-  const size_t append_bytes = attn::append_workspace(*p).bytes;
-  const fa3_fwd_params a = attn::attention_params(*p);
+  const attn::AppendWorkspace w = attn::append_workspace(*p);
+  const fa3_fwd_params a = attn::attention_params(*p, w);
   *bytes = 0;
   FA3_TRY(hopper_fwd_workspace_bytes(make_problem(a), bytes));
-  *bytes += append_bytes;
+  *bytes += w.bytes;
   return ok();
 }
 

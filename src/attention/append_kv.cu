@@ -119,27 +119,33 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
   rotate_row<T>(a, src, q_out + (r * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk, table_row(pos), lane);
 }
 
+// The append's rows on the host: new keys ([batch][seqlen_new], or total_new packed) and queries
+// ([batch][seqlen_q], or total_q packed), as the kernel counts its work units.
+int64_t new_key_rows(const fa3_fwd_params& a) {
+  return a.cu_seqlens_new != nullptr ? a.total_new : int64_t(a.batch) * a.seqlen_new;
+}
+int64_t query_rows(const fa3_fwd_params& a) {
+  return a.cu_seqlens_q != nullptr ? a.total_q : int64_t(a.batch) * a.seqlen_q;
+}
+
 }  // namespace
 
 AppendWorkspace append_workspace(const fa3_fwd_params& a) {
   AppendWorkspace w;
   if (!has_append(a)) return w;
   w.rotate_q = a.rotary_cos != nullptr;
-  w.seqused = 0;
   w.q = align256(a.k_new.data != nullptr ? size_t(a.batch) * sizeof(int) : 0);
-  const size_t q_rows = a.cu_seqlens_q != nullptr ? size_t(a.total_q) : size_t(a.batch) * a.seqlen_q;
-  const size_t q_bytes = w.rotate_q ? q_rows * a.heads_q * a.head_dim_qk * 2 : 0;
+  const size_t q_bytes = w.rotate_q ? size_t(query_rows(a)) * a.heads_q * a.head_dim_qk * 2 : 0;
   w.bytes = align256(w.q + q_bytes);
   return w;
 }
 
-fa3_fwd_params attention_params(const fa3_fwd_params& a) {
+fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& w) {
   fa3_fwd_params r = a;
   if (a.cache_seqlens == nullptr && !has_append(a)) return r;
   r.seqused_k = a.cache_seqlens;  // (validated: seqused_k is NULL with cache_seqlens)
   r.cache_seqlens = nullptr;
   if (!has_append(a)) return r;
-  const AppendWorkspace w = append_workspace(a);
   // (kernel_name and the workspace query pass no workspace: shapes are all they read then)
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   auto at = [&](size_t offset) { return base != nullptr ? base + offset : nullptr; };
@@ -159,14 +165,11 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a) {
   return r;
 }
 
-Status launch_append(const fa3_fwd_params& a, cudaStream_t stream) {
-  const AppendWorkspace w = append_workspace(a);
+Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStream_t stream) {
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   int* seqused = a.k_new.data != nullptr ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
-  const int64_t new_rows = a.cu_seqlens_new != nullptr ? a.total_new : int64_t(a.batch) * a.seqlen_new;
-  const int64_t q_rows = a.cu_seqlens_q != nullptr ? a.total_q : int64_t(a.batch) * a.seqlen_q;
-  const int64_t kv_units = a.k_new.data != nullptr ? new_rows * a.heads_kv : 0;
-  const int64_t q_units = w.rotate_q ? q_rows * a.heads_q : 0;
+  const int64_t kv_units = a.k_new.data != nullptr ? new_key_rows(a) * a.heads_kv : 0;
+  const int64_t q_units = w.rotate_q ? query_rows(a) * a.heads_q : 0;
   const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
   const bool windowed = a.causal != 0 || a.window_left >= 0 || a.window_right >= 0;

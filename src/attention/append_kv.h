@@ -27,11 +27,12 @@ struct AppendWorkspace {
 };
 AppendWorkspace append_workspace(const fa3_fwd_params& a);
 
-// The attention's parameters after the append: seqused_k = the key counts in the workspace, q =
-// the rotated copy (with rotary), the append's fields cleared, the workspace past the append's share.
-fa3_fwd_params attention_params(const fa3_fwd_params& a);
+// The attention's parameters after the append (w = append_workspace(a)): seqused_k = the key
+// counts in the workspace, q = the rotated copy (with rotary), the append's fields cleared, the
+// workspace past the append's share.
+fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& w);
 
-// The append kernel on `stream` (validated parameters whose workspace holds append_workspace().bytes).
-Status launch_append(const fa3_fwd_params& a, cudaStream_t stream);
+// The append kernel on `stream` (validated parameters whose workspace holds w.bytes).
+Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStream_t stream);
 
 }  // namespace fa3::attn

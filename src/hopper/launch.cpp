@@ -1,44 +1,17 @@
 #include "src/hopper/launch.h"
 
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
-#include <mutex>
 #include <string>
 
+#include "src/hopper/driver_api.h"
+
 namespace fa3::hopper {
-namespace {
-
-// cuLaunchKernel and cuGetErrorName from the driver, asked once (fa3 does not link libcuda).
-struct Driver {
-  PFN_cuLaunchKernel_v4000 launch = nullptr;
-  PFN_cuGetErrorName_v6000 error_name = nullptr;
-  cudaError_t lookup = cudaSuccess;
-};
-const Driver& driver() {
-  static Driver d;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    d.lookup = cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 4000, cudaEnableDefault, &q);
-    if (d.lookup == cudaSuccess && q == cudaDriverEntryPointSuccess) d.launch = reinterpret_cast<PFN_cuLaunchKernel_v4000>(p);
-    p = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &p, 6000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      d.error_name = reinterpret_cast<PFN_cuGetErrorName_v6000>(p);
-  });
-  return d;
-}
-
-}  // namespace
 
 Status launch_entry(const void* entry, KernelSlot& slot, dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream,
                     void** args) {
-  const Driver& drv = driver();
-  if (drv.launch == nullptr)
-    return detail::cuda_error(drv.lookup == cudaSuccess ? cudaErrorSymbolNotFound : drv.lookup,
-                              "cudaGetDriverEntryPointByVersion(\"cuLaunchKernel\")", __FILE__, __LINE__);
+  const DriverApi& drv = driver_api();
+  if (drv.launch_kernel.fn == nullptr) return Status(FA3_ERROR_CUDA, drv.launch_kernel.why);
   void* kernel = slot.handle.load(std::memory_order_acquire);
   if (kernel == nullptr) {  // (two threads may both look it up: the same handle)
     cudaKernel_t k = nullptr;
@@ -57,11 +30,11 @@ Status launch_entry(const void* entry, KernelSlot& slot, dim3 grid, dim3 block, 
       slot.smem_devices.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
-  const CUresult r = drv.launch(static_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z,
+  const CUresult r = drv.launch_kernel.fn(static_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                 unsigned(smem_bytes), static_cast<CUstream>(stream), args, nullptr);
   if (r == CUDA_SUCCESS) return Status();
   const char* name = nullptr;
-  if (drv.error_name == nullptr || drv.error_name(r, &name) != CUDA_SUCCESS) name = "unknown";
+  if (drv.error_name.fn == nullptr || drv.error_name.fn(r, &name) != CUDA_SUCCESS) name = "unknown";
   return Status(FA3_ERROR_CUDA, std::string("CUDA error ") + name + " (CUresult " + std::to_string(int(r)) +
                                     ") in cuLaunchKernel (grid " + std::to_string(grid.x) + "x" +
                                     std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", block " +

@@ -1,34 +1,11 @@
 #include "src/hopper/tma_map.h"
 
-#include <cuda_runtime_api.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <cstring>
-#include <mutex>
+
+#include "src/hopper/driver_api.h"
 
 namespace fa3::hopper {
-namespace {
-
-// cuTensorMapEncodeTiled lives in the driver; ask the runtime for it once instead of linking libcuda.
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn(std::string* err) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::string failure;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr)
-      failure = std::string("cuTensorMapEncodeTiled is not available from the driver (") + cudaGetErrorString(e) + ")";
-    else
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  });
-  if (fn == nullptr) *err = failure;
-  return fn;
-}
-
-}  // namespace
 
 namespace {
 std::string encode_tma_map_4d_uncached(CUtensorMap* map, const TmaMap4dDesc& d);
@@ -67,14 +44,13 @@ std::string encode_tma_map_4d(CUtensorMap* map, const TmaMap4dDesc& d) {
 
 namespace {
 std::string encode_tma_map_4d_uncached(CUtensorMap* map, const TmaMap4dDesc& d) {
-  std::string err;
-  auto encode = encode_fn(&err);
-  if (encode == nullptr) return err;
+  const auto& encode = driver_api().encode_tiled;
+  if (encode.fn == nullptr) return encode.why;
   const cuuint64_t dims[4] = {d.dims[0], d.dims[1], d.dims[2], d.dims[3]};
   const cuuint64_t strides[3] = {d.strides_bytes[0], d.strides_bytes[1], d.strides_bytes[2]};
   const cuuint32_t box[4] = {d.box[0], d.box[1], d.box[2], d.box[3]};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, d.dtype, 4, const_cast<void*>(d.base), dims, strides, box, elem_strides,
+  const CUresult r = encode.fn(map, d.dtype, 4, const_cast<void*>(d.base), dims, strides, box, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)

@@ -22,7 +22,6 @@ from typing import Optional
 
 import torch
 
-from .blocks import Fa3Blocks
 from .exchange import RingExchange
 from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingAttention, RingSpec
@@ -52,7 +51,7 @@ def _check_shards(q, k, v, seq_dim: int, layout: str) -> None:
 def _run(q, k, v, rows, *, softmax_scale, causal, softcap, group, layout, deterministic):
     scale = _scale(softmax_scale, q.shape[-1])
     spec = RingSpec(exchange=RingExchange(group), rows=rows, causal=causal, layout=layout, scale=scale,
-                    softcap=float(softcap), deterministic=deterministic, blocks=Fa3Blocks)
+                    softcap=float(softcap), deterministic=deterministic)
     return RingAttention.apply(q, k, v, spec)
 
 
@@ -110,6 +109,6 @@ def ulysses_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax
         raise ValueError(f"fa3.distributed: ulysses_attn_func splits the heads over the group's {w} ranks: heads_q "
                          f"({q.shape[2]}) and heads_kv ({k.shape[2]}) must be multiples of {w}")
     spec = UlyssesSpec(exchange=exchange, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
-                       softcap=float(softcap), deterministic=deterministic, blocks=Fa3Blocks)
+                       softcap=float(softcap), deterministic=deterministic)
     out, lse = UlyssesAttention.apply(q, k, v, spec)
     return (out, lse) if return_lse else out

@@ -8,10 +8,13 @@ gradient. Anything with the same two static methods can stand in (the tests' flo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .. import _ops
 from .rows import Rows
 
-__all__ = ["Fa3Blocks"]
+__all__ = ["Fa3Blocks", "BlockOptions"]
 
 
 def _seq_args(q_rows: Rows, kv_rows: Rows) -> dict:
@@ -34,3 +37,14 @@ class Fa3Blocks:
         dq, dk, dv, _ = _ops.bwd(dout, q, k, v, out, lse, softmax_scale=scale, causal=causal,
                                  softcap=softcap, deterministic=deterministic, **_seq_args(q_rows, kv_rows))
         return dq, dk, dv
+
+
+@dataclass(kw_only=True)
+class BlockOptions:
+    """What every block call of a context-parallel layer takes besides its tensors (ring.RingSpec
+    and ulysses.UlyssesSpec add their exchange and layout)."""
+    causal: bool
+    scale: float
+    softcap: float = 0.0
+    deterministic: bool = False
+    blocks: Any = Fa3Blocks  # forward/backward of one block (the tests pass a float64 stand-in)

@@ -18,24 +18,20 @@ from typing import Any
 
 import torch
 
-from .layout import ALL, step_plan
+from .blocks import BlockOptions
+from .layout import step_plan
 from .merge import merge_
 from .rows import ShardRows
 
 __all__ = ["RingSpec", "ring_forward", "ring_backward", "RingAttention"]
 
 
-@dataclass
-class RingSpec:
+@dataclass(kw_only=True)
+class RingSpec(BlockOptions):
     """Everything a ring call needs besides its tensors."""
     exchange: Any          # .rank, .world, .start(tensors) -> handle with .wait() (exchange.py)
     rows: ShardRows        # the shard's row sets (BSHD or packed)
-    causal: bool
     layout: str
-    scale: float
-    softcap: float = 0.0
-    deterministic: bool = False
-    blocks: Any = None     # forward/backward of one block (blocks.Fa3Blocks by default)
 
 
 def ring_forward(q, k, v, spec: RingSpec):
@@ -66,10 +62,6 @@ def ring_forward(q, k, v, spec: RingSpec):
 def ring_backward(dout, q, k, v, out, lse, spec: RingSpec):
     """(dq, dk, dv) of the local shards, in their dtypes."""
     ex, W, r = spec.exchange, spec.exchange.world, spec.exchange.rank
-    if W == 1:  # the own shard alone (every row: step_plan)
-        qr = kr = spec.rows[ALL]
-        return spec.blocks.backward(dout, q, k, v, out, lse, qr, kr, causal=spec.causal, scale=spec.scale,
-                                    softcap=spec.softcap, deterministic=spec.deterministic)
     dq = None
     k_cur, v_cur = k.contiguous(), v.contiguous()
     dk_acc = dv_acc = None
@@ -87,6 +79,8 @@ def ring_backward(dout, q, k, v, out, lse, spec: RingSpec):
         # Step 0 is the own shard with every row (step_plan): the float32 sums start as its gradients;
         # later the shard's accumulators arrive from the previous rank.
         if t == 0:
+            if W == 1:
+                return grads
             dq, dk_acc, dv_acc = (g.float() for g in grads)
         else:
             if grads is not None:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .layout import ALL
-from .rows import ShardRows
+from .blocks import BlockOptions
+from .rows import Rows
 
 __all__ = ["HeadExchange", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "UlyssesAttention"]
 
@@ -40,14 +40,9 @@ class HeadExchange:
         return out
 
 
-@dataclass
-class UlyssesSpec:
+@dataclass(kw_only=True)
+class UlyssesSpec(BlockOptions):
     exchange: Any   # .rank, .world, .all_to_all(x [W, ...]) -> [W, ...]
-    causal: bool
-    scale: float
-    softcap: float = 0.0
-    deterministic: bool = False
-    blocks: Any = None  # blocks.Fa3Blocks by default
 
 
 def to_heads(x: torch.Tensor, ex) -> torch.Tensor:
@@ -82,7 +77,7 @@ def ulysses_forward(q, k, v, spec: UlyssesSpec):
     """(out [b, s_local, h, d_v], lse [b, h, s_local], saved): saved holds what the backward reads."""
     ex = spec.exchange
     qh, kh, vh = (to_heads(x, ex) for x in (q, k, v))
-    rows = ShardRows(seqlen=qh.shape[1])[ALL]
+    rows = Rows()  # (every row of the whole sequence)
     o, l = spec.blocks.forward(qh, kh, vh, rows, rows, causal=spec.causal, scale=spec.scale, softcap=spec.softcap)
     return to_sequence(o, ex), lse_to_sequence(l, ex), (qh, kh, vh, o, l)
 
@@ -91,7 +86,7 @@ def ulysses_backward(dout, saved, spec: UlyssesSpec):
     """(dq, dk, dv) of the local sequence shards."""
     ex = spec.exchange
     qh, kh, vh, o, l = saved
-    rows = ShardRows(seqlen=qh.shape[1])[ALL]
+    rows = Rows()
     grads = spec.blocks.backward(to_heads(dout, ex), qh, kh, vh, o, l, rows, rows, causal=spec.causal,
                                  scale=spec.scale, softcap=spec.softcap, deterministic=spec.deterministic)
     return tuple(to_sequence(g, ex) for g in grads)
