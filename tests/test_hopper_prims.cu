@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "reference/rounding.h"
+#include "src/hopper/driver_api.h"
 #include "src/hopper/mbarrier.cuh"
 #include "src/hopper/smem_tile.cuh"
 #include "src/hopper/tma.cuh"
@@ -74,6 +75,20 @@ __global__ void tma_round_trip(const __grid_constant__ CUtensorMap in, const __g
     tma_store_commit();
     tma_store_wait_read();
   }
+}
+
+// The driver functions fa3 looks up: each is there, or says by name why not (no GPU needed: without
+// a driver every lookup fails, and the messages are what fa3_forward would report).
+TEST(HopperPrims, DriverApiFindsOrNamesEachFunction) {
+  const fa3::hopper::DriverApi& api = fa3::hopper::driver_api();
+  auto check = [](const auto& f, const char* name) {
+    if (f.fn != nullptr) EXPECT_TRUE(f.why.empty()) << name;
+    else EXPECT_NE(f.why.find(name), std::string::npos) << f.why;
+  };
+  check(api.encode_tiled, "cuTensorMapEncodeTiled");
+  check(api.launch_kernel, "cuLaunchKernel");
+  check(api.error_name, "cuGetErrorName");
+  EXPECT_EQ(&api, &fa3::hopper::driver_api()) << "looked up once";
 }
 
 TEST(HopperPrims, TmaRoundTripAndSwizzle) {
