@@ -237,12 +237,17 @@ BwdResult backward(const Problem& p, const Inputs& in, const std::vector<std::ve
   // Sinks: dsink_h = sum over rows of P_sink (dP_sink - D) with dP_sink = 0 (no value row).
   if (!p.sinks.empty()) {
     g.dsinks.assign(hq, 0.0);
-    for (int h = 0; h < hq; ++h)
+    g.dsinks_scale.assign(hq, 0.0);
+    for (int h = 0; h < hq; ++h) {
       for (int b = 0; b < p.batch; ++b)
         for (int i = 0; i < p.seqlen_q[b]; ++i) {
           const size_t row = static_cast<size_t>(h) * p.seqlen_q[b] + i;
-          g.dsinks[h] -= std::exp(p.sinks[h] - f.lse[b][row]) * delta[b][row];
+          const double term = std::exp(p.sinks[h] - f.lse[b][row]) * delta[b][row];
+          g.dsinks[h] -= term;
+          g.dsinks_scale[h] += term * term;
         }
+      g.dsinks_scale[h] = std::sqrt(g.dsinks_scale[h]);
+    }
   }
   g.dq.resize(p.batch);
   g.dk.resize(p.batch);

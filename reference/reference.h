@@ -39,6 +39,9 @@ struct FwdResult {
 struct BwdResult {
   std::vector<std::vector<double>> dq, dk, dv;  // same layouts as q, k, v
   std::vector<double> dsinks;                   // [heads_q] with sinks, else empty
+  // [heads_q] with sinks: sqrt of the sum of dsinks' squared row terms, the size a sum of terms of
+  // random sign has (dsinks itself may cancel far below it; tests measure errors against both).
+  std::vector<double> dsinks_scale;
 };
 
 // The softmax scale actually used (resolves softmax_scale == 0).

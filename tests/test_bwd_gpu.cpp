@@ -114,18 +114,26 @@ Grads run_bwd(BwdData& d) {
   return g;
 }
 
-// The sinks' gradient against the reference: relative error of the vector (a sum over every row of
-// the head, so D's rounding averages out), no NaN.
-void expect_dsinks(const std::vector<float>& got, const std::vector<double>& want, const std::string& name,
-                   double tol = 1e-2) {
+// The sinks' gradient against the reference, no NaN. dsink_h sums -P_sink D over every row of the
+// head, and D = rowsum(dO * O) comes from the forward's 16-bit O (as in every flash backward), a
+// ~2e-3 relative error per row; the rows' terms have random signs, so the sum can cancel far below
+// its terms and its relative error has a heavy tail (d128, 1000 x 1000: 6e-3 on average, up to
+// 2.3e-2 in 12 runs, 2026-12-02). The error is measured against the larger of |dsink| and the size
+// of such a sum (ref::BwdResult::dsinks_scale, sqrt of the squared terms' sum), which a wrong factor,
+// sign or missing row still exceeds.
+void expect_dsinks(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& scale,
+                   const std::string& name, double tol = 1e-2) {
   ASSERT_EQ(got.size(), want.size()) << name;
+  ASSERT_EQ(scale.size(), want.size()) << name;
   double num = 0, den = 0;
   for (size_t h = 0; h < got.size(); ++h) {
     EXPECT_FALSE(std::isnan(got[h])) << name << " dsinks[" << h << "] is NaN";
     num += (got[h] - want[h]) * (got[h] - want[h]);
-    den += want[h] * want[h];
+    den += std::max(want[h] * want[h], scale[h] * scale[h]);
   }
-  EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), tol) << name << " dsinks: relative error";
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  std::printf("%-60s dsinks rel_err %.2e\n", name.c_str(), rel);
+  EXPECT_LE(rel, tol) << name << " dsinks: relative error";
 }
 
 // Relative Frobenius error of one gradient, its worst element against the largest reference one,
@@ -188,7 +196,7 @@ void check_bwd_case(const FwdCase& c, const char* want_kernel, double tol = 1e-2
   expect_grad(grad_error(g.dv, want.dv, P.used_k, P.heads_kv, P.dv, t,
                          [&](int b, int j, int h, int x) { return P.v_index(b, j, h, x); }),
               "dv", c.name(), tol);
-  if (c.sinks) expect_dsinks(g.dsinks, want.dsinks, c.name(), tol);
+  if (c.sinks) expect_dsinks(g.dsinks, want.dsinks, want.dsinks_scale, c.name(), tol);
 }
 
 // Every Hopper backward instantiation (dtype x head dim x mask x softcap; varlen below), by its
