@@ -84,6 +84,7 @@ struct Options {
   float softcap = 0.f;  // applied to every shape: scores s -> softcap * tanh(s / softcap); 0 = off
   bool ablation = false, tune = false, flush = true, bwd = false, host = false;
   std::string json;
+  std::string variant;  // --tune: only the variants whose name contains this (and the product)
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -101,11 +102,12 @@ void usage() {
   std::puts(
       "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
       "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16|e4m3] [--warmup 5] [--iters 20]\n"
-      "          [--softcap X] [--bwd] [--ablation] [--tune] [--no-flush] [--host] [--json FILE]\n"
+      "          [--softcap X] [--bwd] [--ablation] [--tune [--variant NAME]] [--no-flush] [--host] [--json FILE]\n"
       "  --host: the host time of one fa3::forward call on tiny problems (no GPU wait in the loop)\n"
       "  --bwd: the backward (fa3_backward, default and deterministic) instead of the forward\n"
       "  --softcap: scaled scores s -> X * tanh(s / X) in every run (0 = off); FLOPs are counted as without\n"
-      "  --tune: time every tile variant compiled in (cmake -DFA3_BUILD_TUNE=ON) on --hdim/--seqlen/--causal");
+      "  --tune: time every tile variant compiled in (cmake -DFA3_BUILD_TUNE=ON) on --hdim/--seqlen/--causal\n"
+      "  --variant NAME: with --tune, only the variants whose name contains NAME (beside the product)");
 }
 
 struct Result {
@@ -113,6 +115,7 @@ struct Result {
   std::string kernel, schedule;
   double ms, tflops;
   std::string error;
+  double vs_first = -1;  // --tune: relative Frobenius distance of O from the first variant's (the product's)
 };
 
 using Launcher = std::function<fa3::Status(const fa3::FwdArgs&)>;
@@ -233,6 +236,29 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       if (it >= o.warmup) times[vi].push_back(ms);
     }
   CHECK_CUDA(cudaGetLastError());
+  // Several forward variants (--tune, --ablation): each one's O on the first input set against the
+  // first variant's, so a tile that computes garbage fast cannot win.
+  if (!o.bwd && variants.size() > 1) {
+    const bool bf16 = args[0].out_dtype == FA3_DTYPE_BF16;
+    std::vector<uint16_t> raw(q_elems);
+    std::vector<double> first(q_elems);
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      if (!results[vi].error.empty()) continue;
+      CHECK_CUDA(cudaMemset(args[0].out.data, 0xff, q_elems * 2));  // NaN: rows a variant skips show
+      if (!variants[vi].launch(args[0]).ok()) continue;
+      CHECK_CUDA(cudaMemcpy(raw.data(), args[0].out.data, q_elems * 2, cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < q_elems; ++i) {
+        const double x = bf16 ? double(__bfloat162float(__nv_bfloat16_raw{raw[i]}))
+                              : double(__half2float(__half_raw{raw[i]}));
+        if (vi == 0) first[i] = x;
+        num += (x - first[i]) * (x - first[i]);
+        den += first[i] * first[i];
+      }
+      results[vi].vs_first = std::sqrt(num / std::max(den, 1e-30));
+      if (!(results[vi].vs_first < 5e-2)) results[vi].error = "O differs from the first variant's";
+    }
+  }
   const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1) * (o.bwd ? 2.5 : 1.0);
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     auto& t = times[vi];
@@ -248,8 +274,10 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
 }
 
 void print(const Result& r) {
-  std::printf("%5d %7d %7d %6d %6d %6s  %-14s %-22s %9.3f %9.1f %s\n", r.hdim, r.causal, r.seqlen, r.batch, r.heads,
-              (std::to_string(r.heads_kv)).c_str(), r.kernel.c_str(), r.schedule.c_str(), r.ms, r.tflops,
+  char vs[32] = "";
+  if (r.vs_first >= 0) std::snprintf(vs, sizeof vs, " (O vs first %.1e)", r.vs_first);
+  std::printf("%5d %7d %7d %6d %6d %6s  %-14s %-22s %9.3f %9.1f%s %s\n", r.hdim, r.causal, r.seqlen, r.batch, r.heads,
+              (std::to_string(r.heads_kv)).c_str(), r.kernel.c_str(), r.schedule.c_str(), r.ms, r.tflops, vs,
               r.error.c_str());
   std::fflush(stdout);
 }
@@ -397,6 +425,7 @@ int main(int argc, char** argv) {
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--bwd") o.bwd = true;
     else if (a == "--tune") o.tune = true;
+    else if (a == "--variant") o.variant = next();
     else if (a == "--no-flush") o.flush = false;
     else if (a == "--host") o.host = true;
     else if (a == "--json") o.json = next();
@@ -445,7 +474,8 @@ int main(int argc, char** argv) {
         for (int s : o.seqlens) {
           std::vector<Variant> vs{product};
           for (const auto& v : fa3::bench::tune_variants())
-            if (v.head_dim == d && v.masked == (c != 0) && v.dtype == o.dtype)
+            if (v.head_dim == d && v.masked == (c != 0) && v.dtype == o.dtype &&
+                v.name.find(o.variant) != std::string::npos)
               vs.push_back({v.name, [&v](const fa3::FwdArgs& a) { return v.launch(fa3::detail::make_problem(a), nullptr); }});
           const int h = o.hidden / d, b = std::max(1, o.tokens / s);
           record(run_shape(o, d, c, s, b, h, h, vs));

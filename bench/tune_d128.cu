@@ -1,10 +1,12 @@
 #include "bench/tune_tile.cuh"
 
 namespace fa3::bench {
-// e4m3 (--dtype e4m3): three consumers (192 query rows, 64 keys) and two on the other schedule
-// (perf-log step 65).
+// e4m3 (--dtype e4m3): the 128x128 tile on the other schedule of each mask (the product runs
+// unmasked problems without pingpong, masked ones on the stream schedule). Three consumers on
+// 64-key blocks (192x64) hung on causal 1k problems in 2 of 3 runs with the chunked V transposer
+// (perf-log step 72, not understood): not a candidate until it is.
 void add_d128(std::vector<TuneVariant>& v) {
-  add_variant<Fp8<TileConfig<128, 192, 64, 2, false, attn::kFullSchedule & ~attn::kPingpong>>, FA3_DTYPE_E4M3>(v);
   add_variant<Fp8<TileConfig<128, 128, 128, 2, false, attn::kStreamSchedule>>, FA3_DTYPE_E4M3>(v);
+  add_variant<Fp8<TileConfig<128, 128, 128, 2, false, attn::kFullSchedule & ~attn::kPingpong>>, FA3_DTYPE_E4M3>(v);
 }
 }  // namespace fa3::bench

@@ -92,7 +92,8 @@ FwdCase case_for_instantiation(const std::string& name) {
   auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
   FwdCase c;
   c.dtype = has("_fp16_") ? FA3_DTYPE_FP16 : has("_e4m3_") ? FA3_DTYPE_E4M3 : FA3_DTYPE_BF16;
-  const bool masked = has("_mtrue"), softcap = has("_strue"), varlen = has("_vtrue"), alt = has("alt_");
+  const bool masked = has("_mtrue"), softcap = has("_strue"), varlen = has("_vtrue"),
+             alt = has("alt_") || has("altblk_");
   const size_t d0 = name.find("_d") + 2;
   c.head_dim = std::stoi(name.substr(d0));
   if (has("v128_")) c.head_dim_v = 128;
@@ -114,11 +115,13 @@ FwdCase case_for_instantiation(const std::string& name) {
     c.batch = 3;
     c.varlen_q = {300, 0, 129};
     c.varlen_k = {517, 77, 129};
+  } else if (c.dtype == FA3_DTYPE_E4M3) {
+    if (alt) c.seqlen_q = 2100, c.seqlen_k = masked ? 2100 : 16400;  // d64's second tile (use_fp8_alt_tile)
   } else if (c.head_dim == 64 && masked && !alt) {
     c.seqlen_q = c.seqlen_k = 2100;  // the 192-row tile: masked problems from 2k queries
   } else if (c.head_dim == 96 && alt) {
     c.seqlen_k = 2100;  // d96's 192-row tile: from 2k keys
-  } else if (c.dtype != FA3_DTYPE_E4M3 && ((c.head_dim == 128 && masked && alt) || (c.head_dim == 256 && !alt))) {
+  } else if ((c.head_dim == 128 && masked && alt) || (c.head_dim == 256 && !alt)) {
     c.seqlen_k = 4200;  // d128's masked 192x80 tile, d256's 80-key tile: from 4k keys
   }
   return c;

@@ -316,43 +316,49 @@ TEST(BwdLayout, DqAccumIndexMatchesTheAccumulator) {
 }
 
 // The FP8 kernel's V transposer on the CPU: every (d row, key position) of the V^T stage is
-// written exactly once, from the key the P fragments hold there (MmaE4m3::key_of_position), and
-// the 32 lanes of each load and each store hit 32 distinct banks.
+// written exactly once, from the key the P fragments hold there (MmaE4m3::key_of_position); the
+// transposer's address parts add up to the tiles' swizzled offsets; each quarter warp's 16-byte
+// loads touch 8 distinct bank groups, and each store's 32 lanes 32 distinct banks (two lanes per
+// bank with 64-key blocks).
 template <class Cfg>
 void check_v_transpose() {
   using T = VTranspose<Cfg>;
-  using Raw = typename T::Raw;
-  using Vt = typename T::Vt;
   const int rows = Cfg::kHeadDimV, keys = Cfg::kBlockN;
   std::vector<int> written(rows * keys, 0);
   for (int warp = 0; warp < 3; ++warp)
-    for (int i = warp; i < T::kWords / T::kH; i += 3) {
-      for (int q = 0; q < 4; ++q) {  // one load instruction of the warp
-        std::vector<int> banks;
-        for (int lane = 0; lane < 32; ++lane) {
-          const auto m = T::lane_map(i, lane);
-          banks.push_back(int(hopper::swizzled_offset<1>(T::source_key(m, q), 4 * m.e, Cfg::kBlockN) / 4 % 32));
-        }
-        std::sort(banks.begin(), banks.end());
-        EXPECT_EQ(std::unique(banks.begin(), banks.end()) - banks.begin(), 32) << "load bank conflict, i " << i;
-      }
-      for (int j = 0; j < 4; ++j) {  // one store instruction
-        std::vector<int> banks;
-        for (int lane = 0; lane < 32; ++lane) {
-          const auto m = T::lane_map(i, lane);
-          const int row = 4 * m.e + j, pos = T::target_position(m);
-          banks.push_back(int(hopper::swizzled_offset<1>(row, pos, rows) / 4 % 32));
-          for (int q = 0; q < 4; ++q) {
-            ASSERT_LT(row, rows);
-            ASSERT_LT(pos + q, keys);
-            ++written[row * keys + pos + q];
-            // byte q of the stored word: the source key of load q
-            EXPECT_EQ(T::source_key(m, q), (pos + q) / 32 * 32 + hopper::MmaE4m3::key_of_position((pos + q) % 32));
+    for (int s = warp; s < T::kSteps; s += 3) {
+      for (int q = 0; q < 4; ++q) {  // one 16-byte load instruction of the warp
+        for (int quarter = 0; quarter < 4; ++quarter) {
+          std::vector<int> groups;
+          for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
+            const auto m = T::lane_map(s, lane);
+            const uint32_t at = T::load_offset(m, q);
+            ASSERT_EQ(at, hopper::swizzled_offset<1>(T::source_key(m, q), 16 * m.c, keys)) << "s " << s << " lane " << lane;
+            groups.push_back(int(at / 16 % 8));
           }
+          std::sort(groups.begin(), groups.end());
+          EXPECT_EQ(std::unique(groups.begin(), groups.end()) - groups.begin(), 8) << "load bank conflict, s " << s;
         }
-        std::sort(banks.begin(), banks.end());
-        EXPECT_EQ(std::unique(banks.begin(), banks.end()) - banks.begin(), 32) << "store bank conflict, i " << i;
       }
+      for (int w = 0; w < 4; ++w)
+        for (int j = 0; j < 4; ++j) {  // one store instruction
+          std::vector<int> per_bank(32, 0);
+          for (int lane = 0; lane < 32; ++lane) {
+            const auto m = T::lane_map(s, lane);
+            const int row = 16 * m.c + 4 * w + j, pos = T::target_position(m);
+            const uint32_t at = T::store_offset(m, w, j);
+            ASSERT_EQ(at, hopper::swizzled_offset<1>(row, pos, rows)) << "s " << s << " lane " << lane;
+            ++per_bank[at / 4 % 32];
+            for (int q = 0; q < 4; ++q) {
+              ASSERT_LT(row, rows);
+              ASSERT_LT(pos + q, keys);
+              ++written[row * keys + pos + q];
+              // byte q of the stored word: the source key of load q
+              EXPECT_EQ(T::source_key(m, q), (pos + q) / 32 * 32 + hopper::MmaE4m3::key_of_position((pos + q) % 32));
+            }
+          }
+          EXPECT_LE(*std::max_element(per_bank.begin(), per_bank.end()), T::kH) << "store bank conflict, s " << s;
+        }
     }
   for (int x : written) ASSERT_EQ(x, 1);
 }
@@ -361,6 +367,7 @@ TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
   check_v_transpose<FwdFp8Config<64, false>>();
   check_v_transpose<FwdFp8Config<128, true>>();
   check_v_transpose<FwdFp8Config<256, false>>();
+  check_v_transpose<Fp8Tile<TileConfig<128, 192, 64, 2, false>>>();  // a tuning variant (bench/tune_d128.cu)
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 # Device-side profiling of the forward kernel on a few shapes: per-instruction stall samples and
 # a few whole-kernel metrics (tensor pipe, issue, per-SM active-cycle spread), summaries last.
 #   run(command="FA3_BUILD=build/carry tools/profile-once.sh", carry=["build/carry"])  (tools/pack-build.sh)
-# Environment: SHAPES ("hdim:seqlen:causal ..."), OUT, QUICK=1 (metrics only, no stall samples),
+# Environment: SHAPES ("hdim:seqlen:causal ..."), BENCH_ARGS (more fa3-bench flags: --dtype e4m3), OUT, QUICK=1 (metrics only, no stall samples),
 # KEEP_SRC=1 (keep the per-instruction CSVs, e.g. to sum samples over address ranges).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ sections="--section SourceCounters --section WarpStateStats --section SpeedOfLig
 [ "${QUICK:-0}" = 1 ] && sections="--section SpeedOfLight"
 for shape in ${SHAPES:-128:1024:1 128:8192:1 128:8192:0}; do
   IFS=: read -r d s c <<<"$shape"; tag="d${d}_s${s}_c${c}"
-  args="--hdim $d --seqlen $s --causal $c --warmup 1 --iters 2"
+  args="--hdim $d --seqlen $s --causal $c --warmup 1 --iters 2 ${BENCH_ARGS:-}"
   timeout 200 ncu --clock-control none -k regex:fwd_kernel --launch-skip 1 --launch-count 1 \
     $sections \
     --metrics lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second,l1tex__m_xbar2l1tex_read_bytes.sum.per_second,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpc__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second \

@@ -138,14 +138,18 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // The FP8 (e4m3) tiles: Q/K/V of one byte, O in bf16. wgmma takes e4m3 operands K-major only, so
 // the PV's B is V^T, which warps 1-3 of the producer warpgroup write from the loaded V block into
 // stages of their own (v_transpose.cuh; its lane map wants 64- or 128-key blocks). The GEMMs take
-// half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, 2026-12-01,
-// perf-log step 65): d64 and d128 on two consumers with 128 keys, masked problems on the stream
-// schedule, unmasked ones without pingpong (both warpgroups' softmax at once: +3-20% at 1k-4k);
-// three consumers (192 rows, 152 registers) won only at 16k unmasked and lost up to 25% below.
-// d256 (O alone is 128 registers) keeps two pingpong consumers on 64-key blocks (128 keys: S 64 +
-// P 16 + O 128 made ptxas serialise the wgmmas at 232), Q single-buffered: 32 + 2 x (16 + 16 + 32)
-// + an O tile of 64 KB.
-template <int kHeadDim, bool kMasked>
+// half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, perf-log steps 65
+// and 72): d64 and d128 on two consumers with 128 keys, masked problems on the stream schedule,
+// unmasked ones without pingpong (both warpgroups' softmax at once: +3-20% at 1k-4k); 128-key
+// blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20%. d256 (O alone is 128 registers)
+// keeps two consumers on 64-key blocks (128 keys: S 64 + P 16 + O 128 spill at 224 registers and
+// at 240), Q single-buffered: 32 + 2 x (16 + 16 + 32) + an O tile of 64 KB; pingpong unmasked,
+// none masked (+3% causal 1k-16k).
+// kAlt: d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
+// shape and schedule), for long sequences: +14% unmasked at 16k, +17-27% causal at 4k-16k, but
+// 8% slower causal at 1k and 18% unmasked at 4k (tile quantization; masked from 2k queries as the
+// bf16 d64 tiles, unmasked only where measured: from 16k keys).
+template <int kHeadDim, bool kMasked, bool kAlt = false>
 struct FwdFp8Config;
 template <class Cfg>
 struct Fp8Tile : Cfg {
@@ -158,12 +162,22 @@ template <>
 struct FwdFp8Config<64, false> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kFp8UnmaskedSchedule>> {};
 template <>
 struct FwdFp8Config<64, true> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};
+template <bool kMasked>
+struct FwdFp8Config<64, kMasked, true>
+    : Fp8Tile<TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule | kCrossTile>> {};
 template <>
 struct FwdFp8Config<128, false> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kFp8UnmaskedSchedule>> {};
 template <>
 struct FwdFp8Config<128, true> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
-template <bool kMasked>
-struct FwdFp8Config<256, kMasked> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
+template <>
+struct FwdFp8Config<256, false> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
+template <>
+struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFullSchedule & ~kPingpong>> {};
+constexpr bool has_fp8_alt_tile(int head_dim) { return head_dim == 64; }
+inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
+  if (head_dim != 64 || seqlen_q < 2048) return false;
+  return masked ? seqlen_k >= 2048 : seqlen_k >= 16384;
+}
 // An FP8 tile whose softmax takes block descales (descale.cuh's Fp8Softmax): problems that pass
 // any of fa3_fwd_params' q/k/v_block_descale.
 template <class Cfg>

@@ -165,13 +165,19 @@ Status by_split_head_dim(const FwdProblem& f, const Op& op) {
 }
 
 // e4m3 operands: the FP8 tiles (fwd_config.h), by padded head dim, block descales, mask and varlen.
-template <int kDim, bool kMasked, bool kBlock>
-using Fp8TileOf = std::conditional_t<kBlock, attn::WithBlockDescales<attn::FwdFp8Config<kDim, kMasked>>,
-                                   attn::FwdFp8Config<kDim, kMasked>>;
+template <int kDim, bool kMasked, bool kBlock, bool kAlt = false>
+using Fp8TileOf = std::conditional_t<kBlock, attn::WithBlockDescales<attn::FwdFp8Config<kDim, kMasked, kAlt>>,
+                                   attn::FwdFp8Config<kDim, kMasked, kAlt>>;
 template <class Feat, bool kBlock, class Op>
 Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
-  switch (attn::fp8_head_dim(
-      std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)))) {
+  const int dim = attn::fp8_head_dim(
+      std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
+  // d64's second tile (long sequences), fixed-length batches only as the 16-bit second tiles.
+  if constexpr (!Feat::kVarlen)
+    if (attn::has_fp8_alt_tile(dim) && attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k))
+      return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
+          f, kBlock ? "d64altblk" : "d64alt");
+  switch (dim) {
     case 64:
       return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d64blk" : "d64");
     case 128:

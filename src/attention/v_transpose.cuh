@@ -10,12 +10,16 @@
 // the 16-bit kernels release V. A V stage's v_loaded flag, set by the producer before its arrival,
 // is 0 for the end of the stream.
 //
-// Each thread moves 4x4-byte blocks: four 32-bit loads (four keys of one 4-byte column group),
-// eight byte permutes, four 32-bit stores (four d rows of one 4-key word). Lane (h, G, t) takes
-// keys 16G + 2t + {0, 1, 8, 9} and column group e = H (i + G) + h mod (d_v / 4) in step i, where
-// H = 128 / kBlockN lanes share a (G, t) (h < H): with the 128-byte swizzle the 32 lanes' loads and
-// their stores then each touch 32 distinct banks (a plain e = i would put 16 lanes' stores on one
-// bank pair).
+// Each thread moves, per step, one 16-byte chunk (16 d columns) of four keys: four 16-byte
+// loads, four 4x4-byte transposes (eight byte permutes each) and sixteen 32-bit stores (the chunk's
+// 16 d rows, four keys each). Lane (h, G, t) takes keys 16G + 2t + {0, 1, 8, 9} and, in step s,
+// chunk c = (H s + h + G) mod (d_v / 16), where H = 128 / kBlockN lanes share a (G, t) (h < H).
+// Loads: the 8 lanes of a quarter warp (one wavefront of a 16-byte load) hold two consecutive
+// chunks and four swizzle phases (t), so 8 distinct 16-byte bank groups. Stores: the 32 lanes of
+// one store write d row 16c + 4w + j, whose swizzle phase (4w + j) mod 8 is the same for all of
+// them, at key positions 16G + 4t: 32 distinct banks with 128-key blocks, two lanes per bank with
+// 64 (h = 0 and 1 share G). A step's addresses are the chunk's plus per-lane constants (the earlier
+// map, 4 bytes per load, computed a swizzled address per 4 bytes: perf-log step 72).
 #pragma once
 #include "src/attention/fwd_smem.cuh"
 #include "src/hopper/arch.cuh"
@@ -30,26 +34,47 @@ struct VTranspose {
   using Vt = typename Smem::VtTile;
   static constexpr int kThreads = 96;  // warps 1-3 of the producer warpgroup
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kWords = Cfg::kHeadDimV / 4;  // 4-byte column groups of a V row
-  static constexpr int kGroups = Cfg::kBlockN / 16;  // 16-key groups of a block
-  static constexpr int kH = 8 / kGroups;             // lanes per (group, t)
-  static constexpr int kSteps = kWords / kH;         // warp steps per block
+  static constexpr int kChunks = Cfg::kHeadDimV / 16;  // 16-byte chunks of a V row
+  static constexpr int kGroups = Cfg::kBlockN / 16;    // 16-key groups of a block
+  static constexpr int kH = 8 / kGroups;               // lanes per (group, t)
+  static constexpr int kSteps = kChunks / kH;          // warp steps per block
+  static constexpr int kRow = hopper::kSwizzleBytes;   // bytes per row of a panel
   static_assert(Cfg::kBlockN == 128 || Cfg::kBlockN == 64, "the lane map: 64- or 128-key blocks");
-  static_assert(kWords % kH == 0, "whole steps");
+  static_assert((kChunks & (kChunks - 1)) == 0 && kChunks % kH == 0, "d_v: a power of two of 16-byte chunks");
+  static_assert(Vt::kPanels == 1, "V^T rows of one panel (<= 128 keys)");
 
-  // What lane `lane` moves in warp step i (host-callable: the CPU tests replay the map).
+  // What lane `lane` moves in warp step s (host-callable: the CPU tests replay the map).
   struct Lane {
-    int e, g, t;  // column group, 16-key group, key pair in the group
+    int c, g, t;  // 16-byte chunk of d, 16-key group, key pair in the group
   };
-  __host__ __device__ static constexpr Lane lane_map(int i, int lane) {
+  __host__ __device__ static constexpr Lane lane_map(int s, int lane) {
     const int t = lane % 4, g = (lane / 4) % kGroups, h = lane / (4 * kGroups);
-    return {(kH * (i + g) + h) % kWords, g, t};
+    return {(kH * s + h + g) % kChunks, g, t};
   }
   // The key row of load q, and the V^T column (key position) of the stored words' first byte.
   __host__ __device__ static constexpr int source_key(const Lane& m, int q) {
     return 16 * m.g + 2 * m.t + (q & 1) + 8 * (q >> 1);
   }
   __host__ __device__ static constexpr int target_position(const Lane& m) { return 16 * m.g + 4 * m.t; }
+
+  // Raw::offset(source_key(m, q), 16 m.c) in parts: the row is 16G + 2t + {0, 1, 8, 9}, so its
+  // swizzle phase (row mod 8) is 2t ^ (q & 1), and the chunk's panel is c / 8.
+  __host__ __device__ static constexpr uint32_t load_row(const Lane& m) { return (16 * m.g + 2 * m.t) * kRow; }
+  __host__ __device__ static constexpr uint32_t load_chunk(int c, int t) {
+    return (c / 8) * Raw::kPanelBytes + ((16 * (c % 8)) ^ (32 * t));
+  }
+  __host__ __device__ static constexpr uint32_t load_step(int q) { return ((q & 1) + 8 * (q >> 1)) * kRow; }
+  __host__ __device__ static constexpr uint32_t load_offset(const Lane& m, int q) {
+    return load_row(m) + (load_chunk(m.c, m.t) ^ (16 * (q & 1))) + load_step(q);
+  }
+  // Vt::offset(16 c + 4 w + j, target_position(m)) in parts: the d row's swizzle phase is
+  // (4w + j) mod 8 whatever c, and XORs the lane's position (16G + 4t) as a whole.
+  __host__ __device__ static constexpr uint32_t store_lane(const Lane& m, int phase) {
+    return uint32_t(target_position(m)) ^ uint32_t(16 * phase);
+  }
+  __host__ __device__ static constexpr uint32_t store_offset(const Lane& m, int w, int j) {
+    return 16 * kRow * m.c + kRow * (4 * w + j) + store_lane(m, (4 * w + j) % 8);
+  }
 
   Smem smem;
   int tid;  // 0 .. 95
@@ -64,26 +89,26 @@ struct VTranspose {
     out[3] = __byte_perm(t1, t3, 0x7632);
   }
 
-  // Steps i and i + kWarps of a block, both steps' loads before either's stores (two independent
-  // chains: three warps alone have too little parallelism to hide the load latency otherwise).
-  __device__ __forceinline__ void two_steps(uint32_t src, uint32_t dst, int i, int lane) const {
-    constexpr int kU = 2;
-    uint32_t a[kU][4];
-    Lane m[kU];
+  // One step: the lane's chunk c of its four keys, loaded at once, then its 16 d rows stored
+  // (load_offset and store_offset in their parts). src_row: the V stage + load_row;
+  // lane_phase[k]: store_lane for swizzle phase k (per-lane constants).
+  __device__ __forceinline__ void step(uint32_t src_row, uint32_t dst, const uint32_t (&lane_phase)[8], int c,
+                                       int t) const {
+    const uint32_t x = src_row + load_chunk(c, t);  // rows with q even; odd rows flip chunk bit 0
+    const uint32_t y = src_row + (load_chunk(c, t) ^ 16);
+    uint4 a[4];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      m[u] = lane_map(i + u * kWarps, lane);
-      if (u == 0 || i + u * kWarps < kSteps)
+    for (int q = 0; q < 4; ++q) a[q] = hopper::ld_shared_u32x4(((q & 1) ? y : x) + load_step(q));
+    const uint32_t d = dst + 16 * kRow * c;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) a[u][q] = hopper::ld_shared_u32(src + Raw::offset(source_key(m[u], q), 4 * m[u].e));
-    }
+    for (int w = 0; w < 4; ++w) {
+      uint32_t in[4], out[4];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (u > 0 && i + u * kWarps >= kSteps) break;
-      uint32_t out[4];
-      transpose4(a[u], out);
+      for (int q = 0; q < 4; ++q) in[q] = w == 0 ? a[q].x : w == 1 ? a[q].y : w == 2 ? a[q].z : a[q].w;
+      transpose4(in, out);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) hopper::st_shared_u32(dst + Vt::offset(4 * m[u].e + j, target_position(m[u])), out[j]);
+      for (int j = 0; j < 4; ++j)
+        hopper::st_shared_u32(d + lane_phase[(4 * w + j) % 8] + kRow * (4 * w + j), out[j]);
     }
   }
 
@@ -91,13 +116,18 @@ struct VTranspose {
     auto& bars = smem.bars();
     hopper::PipelineState<Cfg::kStages> raw, vt;
     const int warp = tid / 32, lane = tid % 32;
+    const Lane first = lane_map(0, lane);
+    uint32_t lane_phase[8];  // store_lane of each swizzle phase, kept in registers
+#pragma unroll
+    for (int k = 0; k < 8; ++k) lane_phase[k] = store_lane(first, k);
     for (;;) {
       bars.v.consumer_wait(raw);
       if (!bars.v_loaded[raw.index]) return;
       bars.vt.producer_acquire(vt);
-      const uint32_t src = hopper::smem_u32(smem.v(raw.index)), dst = hopper::smem_u32(smem.vt(vt.index));
+      const uint32_t src_row = hopper::smem_u32(smem.v(raw.index)) + load_row(first);
+      const uint32_t dst = hopper::smem_u32(smem.vt(vt.index));
 #pragma unroll 1
-      for (int i = warp; i < kSteps; i += 2 * kWarps) two_steps(src, dst, i, lane);
+      for (int s = warp; s < kSteps; s += kWarps) step(src_row, dst, lane_phase, lane_map(s, lane).c, first.t);
       bars.v.consumer_release(raw);  // this thread's reads of the V stage are done
       raw.advance();
       hopper::fence_view_async_shared();  // its V^T stores -> visible to the PV wgmma
