@@ -18,7 +18,8 @@ from fa3.distributed.layout import ALL, FIRST, SECOND, step_plan
 from fa3.distributed.merge import merge_
 from fa3.distributed.ring import RingAttention, RingSpec, ring_backward, ring_forward
 from fa3.distributed.rows import ShardRows
-from fa3.distributed.ulysses import HeadExchange, UlyssesAttention, UlyssesSpec, ulysses_backward, ulysses_forward
+from fa3.distributed.ulysses import (HeadExchange, Packing, UlyssesAttention, UlyssesSpec, ulysses_backward,
+                                    ulysses_forward)
 from ring_util import ReferenceBlocks, ThreadGroup, ThreadRing, attention_reference
 from util import rel_err
 
@@ -168,23 +169,44 @@ def test_thread_ring_matches_whole_sequence_attention(world, causal, layout, pac
                              q, k, v, dout, cu, causal, softcap, layout, scale)
 
 
+def _packing(q_local, cu, world):
+    local = cp.local_cu_seqlens(cu, world, "contiguous")
+    return Packing(local, int((local[1:] - local[:-1]).max()), q_local.shape[0], world)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_thread_ulysses_matches_whole_sequence_attention(world, causal):
-    q, k, v, dout, _ = _problem(world * 10 + causal + 1, world, "contiguous", False, heads=8, heads_kv=4)
+def test_thread_ulysses_matches_whole_sequence_attention(world, causal, packed):
+    # Packed: sequences of 3W, 0, W and 5W tokens (an empty one among them), each in W chunks.
+    q, k, v, dout, cu = _problem(world * 10 + causal + 1 + packed, world, "contiguous", packed, heads=8, heads_kv=4)
     softcap = 5.0 if world == 2 else 0.0
     group = ThreadGroup(world)
 
     def rank_fn(r):
-        ql, kl, vl, dol = (cp.shard(x, world, r, "contiguous") for x in (q, k, v, dout))
-        spec = UlyssesSpec(exchange=group.exchange(r), causal=causal, scale=0.3, softcap=softcap,
-                           blocks=ReferenceBlocks)
+        ql, kl, vl, dol = (_local(x, cu, world, r, "contiguous") for x in (q, k, v, dout))
+        spec = UlyssesSpec(exchange=group.exchange(r), packing=_packing(ql, cu, world) if packed else None,
+                           causal=causal, scale=0.3, softcap=softcap, blocks=ReferenceBlocks)
         out, lse, saved = ulysses_forward(ql, kl, vl, spec)
         return out, lse, ulysses_backward(dol, saved, spec)
 
     results = group.run(rank_fn)
     _check_against_reference([o for o, _, _ in results], [l for _, l, _ in results], [g for _, _, g in results],
-                             q, k, v, dout, None, causal, softcap, "contiguous", 0.3)
+                             q, k, v, dout, cu, causal, softcap, "contiguous", 0.3)
+
+
+def test_packing_sends_every_row_home_once():
+    # Rank r's rows of sequence i are its chunk r: the whole batch's row g of sequence i, position p,
+    # comes from block p // (len_i / W) of the gathered rows, row cu_local[i] + p mod (len_i / W).
+    world = 3
+    cu = torch.tensor([0, 9, 9, 12, 27], dtype=torch.int32)
+    local = cp.local_cu_seqlens(cu, world, "contiguous")
+    pk = Packing(local, 5, int(local[-1]), world)
+    assert sorted(pk.index.tolist()) == list(range(27))
+    assert pk.rows.cu_seqlens.tolist() == cu.tolist() and pk.rows.max_seqlen == 15
+    whole = torch.arange(27)
+    shards = [cp.shard_varlen(whole, cu, world, r, "contiguous") for r in range(world)]
+    assert torch.equal(torch.cat(shards).index_select(0, pk.index), whole)
 
 
 # ---- real processes over gloo: the torch.distributed exchange and the autograd function ----------
@@ -206,7 +228,8 @@ def _gloo_rank(rank, world, port, causal, layout, packed, results, method="ring"
                             layout=layout, scale=0.25, blocks=ReferenceBlocks)
             out, lse = RingAttention.apply(ql, kl, vl, spec)
         else:
-            spec = UlyssesSpec(exchange=HeadExchange(None), causal=causal, scale=0.25, blocks=ReferenceBlocks)
+            spec = UlyssesSpec(exchange=HeadExchange(None), packing=_packing(ql, cu, world) if packed else None,
+                               causal=causal, scale=0.25, blocks=ReferenceBlocks)
             out, lse = UlyssesAttention.apply(ql, kl, vl, spec)
         out.backward(dol)
         results[rank] = (out.detach(), lse, (ql.grad, kl.grad, vl.grad))
@@ -225,7 +248,8 @@ def _gloo_main(rank, world, port, causal, layout, packed, queue_, method):
 @pytest.mark.parametrize("world,causal,layout,packed,method", [(2, True, "zigzag", False, "ring"),
                                                                (3, True, "zigzag", True, "ring"),
                                                                (3, False, "contiguous", False, "ring"),
-                                                               (2, True, "contiguous", False, "ulysses")])
+                                                               (2, True, "contiguous", False, "ulysses"),
+                                                               (2, False, "contiguous", True, "ulysses")])
 def test_gloo_with_autograd(world, causal, layout, packed, method):
     ctx = mp.get_context("spawn")
     q_ = ctx.Queue()
@@ -260,5 +284,7 @@ def test_public_functions_check_their_arguments():
         cp.ring_attn_func(q, q, q, layout="striped")
     with pytest.raises(ValueError, match="int32"):
         cp.ring_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 8]), 8)
+    with pytest.raises(ValueError, match="int32"):
+        cp.ulysses_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 8]), 8)
     with pytest.raises(ValueError, match="softmax_scale"):
         cp.ring_attn_func(q, q, q, softmax_scale=-1.0)

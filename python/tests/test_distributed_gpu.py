@@ -17,7 +17,7 @@ from fa3 import _ops
 from fa3.distributed.blocks import Fa3Blocks
 from fa3.distributed.ring import RingSpec, ring_backward, ring_forward
 from fa3.distributed.rows import ShardRows
-from fa3.distributed.ulysses import UlyssesSpec, ulysses_backward, ulysses_forward
+from fa3.distributed.ulysses import Packing, UlyssesSpec, ulysses_backward, ulysses_forward
 from ring_util import ThreadGroup, ThreadRing, attention_reference
 from util import count_calls, rel_err, skip_unless_hopper
 
@@ -94,27 +94,46 @@ def test_thread_ring_on_fa3_matches_single_gpu(world, causal, layout, packed):
         assert rel_err(got, want) <= 1e-2, name
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_thread_ulysses_on_fa3_matches_single_gpu(world, causal):
-    torch.manual_seed(world * 10 + causal)
+def test_thread_ulysses_on_fa3_matches_single_gpu(world, causal, packed):
+    torch.manual_seed(world * 10 + causal + 100 * packed)
     scale = 0.088
-    q, dout = (torch.randn(2, 1024, 8, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(2, 1024, 4, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    if packed:  # sequences of 1000, 0, 256 and 2048 tokens, each in W contiguous chunks
+        cu = torch.tensor([0, 1000, 1000, 1256, 3304], dtype=torch.int32, device=DEV)
+        shape_q, shape_k, max_seqlen = (3304, 8, 128), (3304, 4, 128), 2048
+    else:
+        cu, max_seqlen = None, 0
+        shape_q, shape_k = (2, 1024, 8, 128), (2, 1024, 4, 128)
+    q, dout = (torch.randn(shape_q, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(shape_k, device=DEV, dtype=torch.bfloat16) for _ in range(2))
     group = ThreadGroup(world)
+    local_cu = None if cu is None else cp.local_cu_seqlens(cu, world, "contiguous")
+
+    def local(x, r):
+        return cp.shard(x, world, r, "contiguous") if cu is None else cp.shard_varlen(x, cu, world, r, "contiguous")
+
+    def whole(xs):
+        return cp.unshard(xs, "contiguous") if cu is None else cp.unshard_varlen(xs, cu, "contiguous")
 
     def rank_fn(r):
-        ql, kl, vl, dol = (cp.shard(x, world, r, "contiguous") for x in (q, k, v, dout))
-        spec = UlyssesSpec(exchange=group.exchange(r), causal=causal, scale=scale, blocks=Fa3Blocks)
+        ql, kl, vl, dol = (local(x, r) for x in (q, k, v, dout))
+        packing = None if cu is None else Packing(local_cu, max_seqlen // world, ql.shape[0], world)
+        spec = UlyssesSpec(exchange=group.exchange(r), packing=packing, causal=causal, scale=scale, blocks=Fa3Blocks)
         out, lse, saved = ulysses_forward(ql, kl, vl, spec)
         return out, lse, ulysses_backward(dol, saved, spec)
 
     results = group.run(rank_fn)
     torch.cuda.synchronize()
-    out = cp.unshard([o for o, _, _ in results], "contiguous")
-    lse = cp.unshard([l.transpose(1, 2) for _, l, _ in results], "contiguous").transpose(1, 2)
-    grads = [cp.unshard([g[i] for _, _, g in results], "contiguous") for i in range(3)]
-    one_out, one_lse, one_grads = _single_gpu(q, k, v, dout, causal, None, 0, scale)
+    out = whole([o for o, _, _ in results])
+    # LSE: BSHD [b, h, s_local], packed [h, total_local]: shards join along the sequence.
+    if cu is None:
+        lse = whole([l.transpose(1, 2) for _, l, _ in results]).transpose(1, 2)
+    else:
+        lse = whole([l.t() for _, l, _ in results]).t()
+    grads = [whole([g[i] for _, _, g in results]) for i in range(3)]
+    one_out, one_lse, one_grads = _single_gpu(q, k, v, dout, causal, cu, max_seqlen, scale)
     assert rel_err(out, one_out) <= 1e-2
     assert torch.allclose(lse, one_lse, atol=1e-3, rtol=1e-3)
     for name, got, want in zip(("dq", "dk", "dv"), grads, one_grads):

@@ -12,7 +12,8 @@ attention uses the zigzag layout (layout.py) so that every rank does the same wo
 batches shard each sequence: :func:`ring_attn_varlen_func` with :func:`local_cu_seqlens`.
 
 :func:`ulysses_attn_func` is the head-parallel alternative (ulysses.py): two all-to-alls around one
-fa3 call on the whole sequence for 1/W of the heads; contiguous shards, heads divisible by W.
+fa3 call on the whole sequence for 1/W of the heads; contiguous shards, heads divisible by W;
+:func:`ulysses_attn_varlen_func` for packed batches (each sequence in W contiguous chunks).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from .exchange import RingExchange
 from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingAttention, RingSpec
 from .rows import ShardRows
-from .ulysses import HeadExchange, UlyssesAttention, UlyssesSpec
+from .ulysses import HeadExchange, Packing, UlyssesAttention, UlyssesSpec
 
-__all__ = ["ring_attn_func", "ring_attn_varlen_func", "ulysses_attn_func", "shard", "unshard", "shard_varlen",
-           "unshard_varlen", "local_cu_seqlens", "LAYOUTS"]
+__all__ = ["ring_attn_func", "ring_attn_varlen_func", "ulysses_attn_func", "ulysses_attn_varlen_func", "shard",
+           "unshard", "shard_varlen", "unshard_varlen", "local_cu_seqlens", "LAYOUTS"]
 
 
 def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
@@ -46,6 +47,12 @@ def _check_shards(q, k, v, seq_dim: int, layout: str) -> None:
     if not (q.shape[seq_dim] == k.shape[seq_dim] == v.shape[seq_dim]):
         raise ValueError("fa3.distributed: q, k and v must be shards of one sequence (the same length along "
                          f"dim {seq_dim}), got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
+
+
+def _check_cu_seqlens(cu_seqlens, q) -> None:
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.device != q.device:
+        raise ValueError("fa3.distributed: cu_seqlens: expected a 1-D int32 tensor on q's device, got "
+                         f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")
 
 
 def _run(q, k, v, rows, *, softmax_scale, causal, softcap, group, layout, deterministic):
@@ -83,9 +90,7 @@ def ring_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     :func:`shard_varlen`, ``cu_seqlens`` this rank's (int32, :func:`local_cu_seqlens` of the
     global ones) and ``max_seqlen`` its longest shard of a sequence. LSE: [heads, total_local]."""
     _check_shards(q, k, v, 0, layout)
-    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.device != q.device:
-        raise ValueError("fa3.distributed: cu_seqlens: expected a 1-D int32 tensor on q's device, got "
-                         f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")
+    _check_cu_seqlens(cu_seqlens, q)
     if layout == "zigzag" and max_seqlen % 2:
         raise ValueError("fa3.distributed: the zigzag layout holds two equal chunks of each sequence per "
                          f"rank: max_seqlen {max_seqlen} must be even (every local length is)")
@@ -109,6 +114,28 @@ def ulysses_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax
         raise ValueError(f"fa3.distributed: ulysses_attn_func splits the heads over the group's {w} ranks: heads_q "
                          f"({q.shape[2]}) and heads_kv ({k.shape[2]}) must be multiples of {w}")
     spec = UlyssesSpec(exchange=exchange, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
+                       softcap=float(softcap), deterministic=deterministic)
+    out, lse = UlyssesAttention.apply(q, k, v, spec)
+    return (out, lse) if return_lse else out
+
+
+def ulysses_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                             max_seqlen: int, softmax_scale: Optional[float] = None, causal: bool = False,
+                             softcap: float = 0.0, group=None, deterministic: bool = False,
+                             return_lse: bool = False):
+    """:func:`ulysses_attn_func` for packed sequences: q, k, v [total_local, heads, head_dim] from
+    :func:`shard_varlen` with ``layout="contiguous"`` (every sequence split into the group's size of
+    contiguous chunks), ``cu_seqlens`` this rank's (int32, :func:`local_cu_seqlens` of the global ones
+    with that layout) and ``max_seqlen`` its longest chunk. LSE: [heads, total_local]."""
+    _check_shards(q, k, v, 0, "contiguous")
+    _check_cu_seqlens(cu_seqlens, q)
+    exchange = HeadExchange(group)
+    w = exchange.world
+    if q.shape[1] % w or k.shape[1] % w:
+        raise ValueError(f"fa3.distributed: ulysses_attn_varlen_func splits the heads over the group's {w} ranks: "
+                         f"heads_q ({q.shape[1]}) and heads_kv ({k.shape[1]}) must be multiples of {w}")
+    packing = Packing(cu_seqlens, int(max_seqlen), q.shape[0], w)
+    spec = UlyssesSpec(exchange=exchange, packing=packing, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
                        softcap=float(softcap), deterministic=deterministic)
     out, lse = UlyssesAttention.apply(q, k, v, spec)
     return (out, lse) if return_lse else out

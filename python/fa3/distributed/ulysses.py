@@ -12,7 +12,7 @@ all-to-alls do not overlap the attention. docs/context-parallel.md compares the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from .blocks import BlockOptions
 from .rows import Rows
 
-__all__ = ["HeadExchange", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "UlyssesAttention"]
+__all__ = ["HeadExchange", "Packing", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "UlyssesAttention"]
 
 
 class HeadExchange:
@@ -40,9 +40,27 @@ class HeadExchange:
         return out
 
 
+class Packing:
+    """Packed sequences, each split into W contiguous chunks (``shard_varlen`` with the
+    "contiguous" layout: rank r holds chunk r of every sequence, in sequence order). The all-to-all
+    brings rank r's rows of every sequence as block r; ``index[g]`` is the row of those W blocks
+    (flattened) that row g of the whole packed batch comes from, and ``rows`` bounds that batch's
+    sequences (the local cu_seqlens times W). Built on the tensors' device, nothing read on the host."""
+
+    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, world: int):
+        cu = cu_seqlens.long()
+        whole_cu = cu * world
+        g = torch.arange(total * world, device=cu.device)
+        seq = torch.searchsorted(whole_cu[1:], g, right=True)  # (empty sequences own no row)
+        pos, length = g - whole_cu[seq], (cu[1:] - cu[:-1])[seq]
+        self.index = torch.div(pos, length, rounding_mode="floor") * total + cu[seq] + pos % length
+        self.rows = Rows(cu_seqlens=whole_cu.to(torch.int32), max_seqlen=max_seqlen * world)
+
+
 @dataclass(kw_only=True)
 class UlyssesSpec(BlockOptions):
     exchange: Any   # .rank, .world, .all_to_all(x [W, ...]) -> [W, ...]
+    packing: Optional[Packing] = None  # packed sequences ([total, h, d] tensors); None: BSHD
 
 
 def to_heads(x: torch.Tensor, ex) -> torch.Tensor:
@@ -73,23 +91,55 @@ def lse_to_sequence(lse: torch.Tensor, ex) -> torch.Tensor:
     return y.permute(1, 0, 2, 3).reshape(b, w * hh, S // w)
 
 
+def packed_to_heads(x: torch.Tensor, ex, packing: Packing) -> torch.Tensor:
+    """to_heads for packed shards: [total_local, h, d] -> the whole packed batch [W total_local, h / W, d]."""
+    t, h, d = x.shape
+    w = ex.world
+    y = ex.all_to_all(x.reshape(t, w, h // w, d).transpose(0, 1).contiguous())  # [from rank, t, h/W, d]
+    return y.reshape(w * t, h // w, d).index_select(0, packing.index)
+
+
+def packed_to_sequence(x: torch.Tensor, ex, packing: Packing) -> torch.Tensor:
+    """packed_to_heads' inverse: [W total_local, h / W, d] -> [total_local, h, d]."""
+    n, hh, d = x.shape
+    w = ex.world
+    y = torch.empty_like(x).index_copy_(0, packing.index, x).reshape(w, n // w, hh, d)  # [to rank, t, h/W, d]
+    return ex.all_to_all(y).transpose(0, 1).reshape(n // w, w * hh, d)  # (from head group g: heads g h/W..)
+
+
+def packed_lse_to_sequence(lse: torch.Tensor, ex, packing: Packing) -> torch.Tensor:
+    """fa3's packed LSE of the rank's heads [h / W, W total_local] -> [h, total_local]."""
+    hh, n = lse.shape
+    w = ex.world
+    y = torch.empty_like(lse).index_copy_(1, packing.index, lse).reshape(hh, w, n // w)
+    return ex.all_to_all(y.transpose(0, 1).contiguous()).reshape(w * hh, n // w)
+
+
+def _exchanges(spec: UlyssesSpec):
+    """(to heads, to sequence, LSE to sequence, the whole batch's rows) of the spec's layout."""
+    ex, pk = spec.exchange, spec.packing
+    if pk is None:
+        return (lambda x: to_heads(x, ex)), (lambda x: to_sequence(x, ex)), (lambda l: lse_to_sequence(l, ex)), Rows()
+    return ((lambda x: packed_to_heads(x, ex, pk)), (lambda x: packed_to_sequence(x, ex, pk)),
+            (lambda l: packed_lse_to_sequence(l, ex, pk)), pk.rows)
+
+
 def ulysses_forward(q, k, v, spec: UlyssesSpec):
-    """(out [b, s_local, h, d_v], lse [b, h, s_local], saved): saved holds what the backward reads."""
-    ex = spec.exchange
-    qh, kh, vh = (to_heads(x, ex) for x in (q, k, v))
-    rows = Rows()  # (every row of the whole sequence)
+    """(out, lse, saved) of the local shards: BSHD out [b, s_local, h, d_v] and lse [b, h, s_local],
+    packed [total_local, h, d_v] and [h, total_local]; saved holds what the backward reads."""
+    heads, seq, lse_seq, rows = _exchanges(spec)
+    qh, kh, vh = (heads(x) for x in (q, k, v))
     o, l = spec.blocks.forward(qh, kh, vh, rows, rows, causal=spec.causal, scale=spec.scale, softcap=spec.softcap)
-    return to_sequence(o, ex), lse_to_sequence(l, ex), (qh, kh, vh, o, l)
+    return seq(o), lse_seq(l), (qh, kh, vh, o, l)
 
 
 def ulysses_backward(dout, saved, spec: UlyssesSpec):
     """(dq, dk, dv) of the local sequence shards."""
-    ex = spec.exchange
+    heads, seq, _, rows = _exchanges(spec)
     qh, kh, vh, o, l = saved
-    rows = Rows()
-    grads = spec.blocks.backward(to_heads(dout, ex), qh, kh, vh, o, l, rows, rows, causal=spec.causal,
+    grads = spec.blocks.backward(heads(dout), qh, kh, vh, o, l, rows, rows, causal=spec.causal,
                                  scale=spec.scale, softcap=spec.softcap, deterministic=spec.deterministic)
-    return tuple(to_sequence(g, ex) for g in grads)
+    return tuple(seq(g) for g in grads)
 
 
 class UlyssesAttention(torch.autograd.Function):
