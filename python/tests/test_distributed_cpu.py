@@ -1,7 +1,8 @@
 """fa3.distributed without a GPU: the LSE merge, the layouts, the ring schedule (every visible pair
 of chunks computed exactly once, zigzag's equal work), and the ring's forward and backward on CPU
 with a float64 stand-in for fa3's block operators, over an in-process ring of threads and over
-torch.distributed's gloo backend in real processes."""
+torch.distributed's gloo backend in real processes; the head-parallel layer (BSHD and packed) and the
+grid of rings x head groups the same way."""
 
 import io
 import os
@@ -14,6 +15,7 @@ import torch.multiprocessing as mp
 
 import fa3.distributed as cp
 from fa3.distributed.exchange import RingExchange
+from fa3.distributed.hybrid import HybridAttention, HybridSpec, hybrid_backward, hybrid_forward, shard_2d, unshard_2d
 from fa3.distributed.layout import ALL, FIRST, SECOND, step_plan
 from fa3.distributed.merge import merge_
 from fa3.distributed.ring import RingAttention, RingSpec, ring_backward, ring_forward
@@ -237,12 +239,28 @@ def _gloo_rank(rank, world, port, causal, layout, packed, results, method="ring"
         dist.destroy_process_group()
 
 
-def _gloo_main(rank, world, port, causal, layout, packed, queue_, method):
+def _gloo_main(rank, world, port, queue_, causal, layout, packed, method):
     results = {}
     _gloo_rank(rank, world, port, causal, layout, packed, results, method)
     buf = io.BytesIO()  # (bytes, not tensors: a tensor sent through a queue lives in this process)
     torch.save(results[rank], buf)
     queue_.put((rank, buf.getvalue()))
+
+
+def _spawn_ranks(world, target, *args):
+    """target(rank, world, port, queue, *args) in `world` processes; the results (rank order) each
+    put on the queue as torch.save bytes."""
+    ctx = mp.get_context("spawn")
+    q_ = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, q_, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {r: torch.load(io.BytesIO(b)) for r, b in (q_.get(timeout=180) for _ in range(world))}
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return [got[r] for r in range(world)]
 
 
 @pytest.mark.parametrize("world,causal,layout,packed,method", [(2, True, "zigzag", False, "ring"),
@@ -251,19 +269,8 @@ def _gloo_main(rank, world, port, causal, layout, packed, queue_, method):
                                                                (2, True, "contiguous", False, "ulysses"),
                                                                (2, False, "contiguous", True, "ulysses")])
 def test_gloo_with_autograd(world, causal, layout, packed, method):
-    ctx = mp.get_context("spawn")
-    q_ = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_gloo_main, args=(r, world, port, causal, layout, packed, q_, method))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {r: torch.load(io.BytesIO(b)) for r, b in (q_.get(timeout=180) for _ in range(world))}
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    res = _spawn_ranks(world, _gloo_main, causal, layout, packed, method)
     q, k, v, dout, cu = _problem(7, world, layout, packed)
-    res = [got[r] for r in range(world)]
     _check_against_reference([o for o, _, _ in res], [l for _, l, _ in res], [g for _, _, g in res],
                              q, k, v, dout, cu, causal, 0.0, layout, 0.25)
 
@@ -286,5 +293,88 @@ def test_public_functions_check_their_arguments():
         cp.ring_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 8]), 8)
     with pytest.raises(ValueError, match="int32"):
         cp.ulysses_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 8]), 8)
+    with pytest.raises(ValueError, match="layout"):
+        cp.hybrid_attn_func(q, q, q, None, None, layout="striped")
     with pytest.raises(ValueError, match="softmax_scale"):
         cp.ring_attn_func(q, q, q, softmax_scale=-1.0)
+
+
+# ---- the grid of rings x head groups (hybrid.py) --------------------------------------------------
+def _check_grid(results, ring_world, head_world, q, k, v, dout, causal, softcap, layout, scale):
+    """results[rank] = (out, lse, grads) with rank = ring_rank * W_h + head_rank."""
+    def whole(pick):
+        return unshard_2d([[pick(results[r * head_world + h]) for h in range(head_world)]
+                           for r in range(ring_world)], layout)
+
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ref_out, ref_lse = attention_reference(qr, kr, vr, causal=causal, scale=scale, softcap=softcap)
+    ref_out.backward(dout)
+    assert rel_err(whole(lambda x: x[0]), ref_out) < 1e-6
+    assert rel_err(whole(lambda x: x[1].transpose(1, 2)).transpose(1, 2), ref_lse) < 1e-6
+    for i, want in enumerate((qr.grad, kr.grad, vr.grad)):
+        assert rel_err(whole(lambda x: x[2][i]), want) < 1e-6
+
+
+def test_shard_2d_round_trip():
+    x = torch.arange(2 * 48).reshape(2, 48)
+    parts = [[shard_2d(x, 3, r, 2, h, "zigzag") for h in range(2)] for r in range(3)]
+    assert torch.equal(unshard_2d(parts, "zigzag"), x)
+    # Rank (r, h) holds half h of ring rank r's zigzag shard.
+    assert torch.equal(torch.cat(parts[1], dim=1), cp.shard(x, 3, 1, "zigzag"))
+
+
+@pytest.mark.parametrize("layout", cp.LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("ring_world,head_world", [(1, 2), (2, 1), (2, 2), (3, 2)])
+def test_thread_grid_matches_whole_sequence_attention(ring_world, head_world, causal, layout):
+    world = ring_world * head_world
+    q, k, v, dout, _ = _problem(world * 10 + causal + 3, world, layout, False, heads=8, heads_kv=4)
+    softcap = 5.0 if ring_world == 3 else 0.0
+    rings = [ThreadRing(ring_world) for _ in range(head_world)]       # rings[h]: the ranks holding heads h
+    groups = [ThreadGroup(head_world) for _ in range(ring_world)]     # groups[r]: ring rank r's head group
+
+    def rank_fn(rank):
+        r, h = divmod(rank, head_world)
+        ql, kl, vl, dol = (shard_2d(x, ring_world, r, head_world, h, layout) for x in (q, k, v, dout))
+        ring = RingSpec(exchange=rings[h].exchange(r), rows=ShardRows(seqlen=ql.shape[1] * head_world),
+                        causal=causal, layout=layout, scale=0.3, softcap=softcap, blocks=ReferenceBlocks)
+        spec = HybridSpec(ring=ring, head_exchange=groups[r].exchange(h))
+        out, lse, saved = hybrid_forward(ql, kl, vl, spec)
+        return out, lse, hybrid_backward(dol, saved, spec)
+
+    results = ThreadRing(world).run(rank_fn)
+    _check_grid(results, ring_world, head_world, q, k, v, dout, causal, softcap, layout, 0.3)
+
+
+def _gloo_grid_main(rank, world, port, queue_, head_world, heads_inner):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        head_group, ring_group, r, h = cp.grid_groups(head_world, heads_inner)
+        assert dist.get_world_size(head_group) == head_world and dist.get_rank(head_group) == h
+        assert dist.get_world_size(ring_group) == world // head_world and dist.get_rank(ring_group) == r
+        q, k, v, dout, _ = _problem(11, world, "zigzag", False, heads=8, heads_kv=4)
+        ql, kl, vl = (shard_2d(x, world // head_world, r, head_world, h).requires_grad_() for x in (q, k, v))
+        dol = shard_2d(dout, world // head_world, r, head_world, h)
+        ring = RingSpec(exchange=RingExchange(ring_group), rows=ShardRows(seqlen=ql.shape[1] * head_world),
+                        causal=True, layout="zigzag", scale=0.25, blocks=ReferenceBlocks)
+        spec = HybridSpec(ring=ring, head_exchange=HeadExchange(head_group))
+        out, lse = HybridAttention.apply(ql, kl, vl, spec)
+        out.backward(dol)
+        buf = io.BytesIO()
+        torch.save((out.detach(), lse, (ql.grad, kl.grad, vl.grad)), buf)
+        queue_.put((rank, buf.getvalue()))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("heads_inner", [True, False], ids=["heads-inner", "ring-inner"])
+def test_gloo_grid_with_autograd(heads_inner):
+    world, head_world = 4, 2
+    res = _spawn_ranks(world, _gloo_grid_main, head_world, heads_inner)
+    # Results by grid position: rank (r, h) is r * W_h + h with heads inner, h * W_r + r otherwise.
+    ring_world = world // head_world
+    order = [r * head_world + h if heads_inner else h * ring_world + r for r in range(ring_world)
+             for h in range(head_world)]
+    q, k, v, dout, _ = _problem(11, world, "zigzag", False, heads=8, heads_kv=4)
+    _check_grid([res[i] for i in order], ring_world, head_world, q, k, v, dout, True, 0.0, "zigzag", 0.25)

@@ -15,6 +15,7 @@ import fa3
 import fa3.distributed as cp
 from fa3 import _ops
 from fa3.distributed.blocks import Fa3Blocks
+from fa3.distributed.hybrid import HybridSpec, hybrid_backward, hybrid_forward, shard_2d, unshard_2d
 from fa3.distributed.ring import RingSpec, ring_backward, ring_forward
 from fa3.distributed.rows import ShardRows
 from fa3.distributed.ulysses import Packing, UlyssesSpec, ulysses_backward, ulysses_forward
@@ -138,6 +139,35 @@ def test_thread_ulysses_on_fa3_matches_single_gpu(world, causal, packed):
     assert torch.allclose(lse, one_lse, atol=1e-3, rtol=1e-3)
     for name, got, want in zip(("dq", "dk", "dv"), grads, one_grads):
         assert rel_err(got, want) <= 1e-2, name
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_thread_grid_on_fa3_matches_single_gpu(causal):
+    ring_world, head_world, scale = 2, 2, 0.088
+    torch.manual_seed(30 + causal)
+    q, dout = (torch.randn(2, 1024, 8, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 1024, 4, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    rings, groups = [ThreadRing(ring_world) for _ in range(head_world)], [ThreadGroup(head_world) for _ in range(ring_world)]
+
+    def rank_fn(rank):
+        r, h = divmod(rank, head_world)
+        ql, kl, vl, dol = (shard_2d(x, ring_world, r, head_world, h) for x in (q, k, v, dout))
+        ring = RingSpec(exchange=rings[h].exchange(r), rows=ShardRows(seqlen=ql.shape[1] * head_world),
+                        causal=causal, layout="zigzag", scale=scale, blocks=Fa3Blocks)
+        spec = HybridSpec(ring=ring, head_exchange=groups[r].exchange(h))
+        out, lse, saved = hybrid_forward(ql, kl, vl, spec)
+        return out, hybrid_backward(dol, saved, spec)
+
+    results = ThreadRing(ring_world * head_world).run(rank_fn)
+    torch.cuda.synchronize()
+
+    def whole(pick):
+        return unshard_2d([[pick(results[r * head_world + h]) for h in range(head_world)] for r in range(ring_world)])
+
+    one_out, _, one_grads = _single_gpu(q, k, v, dout, causal, None, 0, scale)
+    assert rel_err(whole(lambda x: x[0]), one_out) <= 1e-2
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert rel_err(whole(lambda x: x[1][i]), one_grads[i]) <= 1e-2, name
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ batches shard each sequence: :func:`ring_attn_varlen_func` with :func:`local_cu_
 :func:`ulysses_attn_func` is the head-parallel alternative (ulysses.py): two all-to-alls around one
 fa3 call on the whole sequence for 1/W of the heads; contiguous shards, heads divisible by W;
 :func:`ulysses_attn_varlen_func` for packed batches (each sequence in W contiguous chunks).
+:func:`hybrid_attn_func` runs both on a grid of rings x head groups (hybrid.py, :func:`grid_groups`,
+:func:`shard_2d`): heads over the fast links, the ring over the slow ones.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from typing import Optional
 import torch
 
 from .exchange import RingExchange
+from .hybrid import HybridAttention, HybridSpec, grid_groups, shard_2d, unshard_2d
 from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingAttention, RingSpec
 from .rows import ShardRows
 from .ulysses import HeadExchange, Packing, UlyssesAttention, UlyssesSpec
 
-__all__ = ["ring_attn_func", "ring_attn_varlen_func", "ulysses_attn_func", "ulysses_attn_varlen_func", "shard",
-           "unshard", "shard_varlen", "unshard_varlen", "local_cu_seqlens", "LAYOUTS"]
+__all__ = ["ring_attn_func", "ring_attn_varlen_func", "ulysses_attn_func", "ulysses_attn_varlen_func",
+           "hybrid_attn_func", "shard", "unshard", "shard_varlen", "unshard_varlen", "shard_2d", "unshard_2d",
+           "grid_groups", "local_cu_seqlens", "LAYOUTS"]
 
 
 def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
@@ -138,4 +142,29 @@ def ulysses_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     spec = UlyssesSpec(exchange=exchange, packing=packing, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
                        softcap=float(softcap), deterministic=deterministic)
     out, lse = UlyssesAttention.apply(q, k, v, spec)
+    return (out, lse) if return_lse else out
+
+
+def hybrid_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_group, ring_group,
+                     softmax_scale: Optional[float] = None, causal: bool = False, softcap: float = 0.0,
+                     layout: str = "zigzag", deterministic: bool = False, return_lse: bool = False):
+    """Attention over a sequence split across a grid of rings x head groups (:func:`grid_groups`):
+    q, k, v [batch, seqlen_local, heads, head_dim] are this rank's part (:func:`shard_2d`), heads_q and
+    heads_kv multiples of the head group's size. The head group exchanges heads (two all-to-alls), the
+    ring the K/V shards of the gathered ring shard. Returns the output part (and its LSE [batch, heads,
+    seqlen_local] with ``return_lse``); differentiable in q, k, v."""
+    _check_shards(q, k, v, 1, layout)
+    heads = HeadExchange(head_group)
+    w = heads.world
+    if q.shape[2] % w or k.shape[2] % w:
+        raise ValueError(f"fa3.distributed: hybrid_attn_func splits the heads over the head group's {w} ranks: "
+                         f"heads_q ({q.shape[2]}) and heads_kv ({k.shape[2]}) must be multiples of {w}")
+    ring_seqlen = q.shape[1] * w
+    if layout == "zigzag" and ring_seqlen % 2:
+        raise ValueError(f"fa3.distributed: the zigzag layout holds two equal chunks per ring rank: the ring shard "
+                         f"({q.shape[1]} x {w} head-group ranks = {ring_seqlen}) must be even")
+    ring = RingSpec(exchange=RingExchange(ring_group), rows=ShardRows(seqlen=ring_seqlen), causal=causal,
+                    layout=layout, scale=_scale(softmax_scale, q.shape[-1]), softcap=float(softcap),
+                    deterministic=deterministic)
+    out, lse = HybridAttention.apply(q, k, v, HybridSpec(ring=ring, head_exchange=heads))
     return (out, lse) if return_lse else out

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from .blocks import BlockOptions
 from .rows import Rows
 
-__all__ = ["HeadExchange", "Packing", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "UlyssesAttention"]
+__all__ = ["HeadExchange", "Packing", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "LayerFunction",
+           "UlyssesAttention"]
 
 
 class HeadExchange:
@@ -142,18 +143,27 @@ def ulysses_backward(dout, saved, spec: UlyssesSpec):
     return tuple(seq(g) for g in grads)
 
 
-class UlyssesAttention(torch.autograd.Function):
-    """(out, lse) of the local sequence shards; differentiable in q, k and v."""
+class LayerFunction(torch.autograd.Function):
+    """Autograd of a context-parallel layer given as fwd(q, k, v, spec) -> (out, lse, saved) and
+    bwd(dout, saved, spec) -> (dq, dk, dv): the head-parallel layer and the grid (hybrid.py)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec: UlyssesSpec):
-        out, lse, saved = ulysses_forward(q, k, v, spec)
+    def forward(ctx, q, k, v, spec, fwd, bwd):
+        out, lse, saved = fwd(q, k, v, spec)
         ctx.save_for_backward(*saved)
-        ctx.spec = spec
+        ctx.spec, ctx.bwd = spec, bwd
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        dq, dk, dv = ulysses_backward(dout.contiguous(), ctx.saved_tensors, ctx.spec)
-        return dq, dk, dv, None
+        dq, dk, dv = ctx.bwd(dout.contiguous(), ctx.saved_tensors, ctx.spec)
+        return dq, dk, dv, None, None, None
+
+
+class UlyssesAttention:
+    """(out, lse) of the local sequence shards; differentiable in q, k and v."""
+
+    @staticmethod
+    def apply(q, k, v, spec: UlyssesSpec):
+        return LayerFunction.apply(q, k, v, spec, ulysses_forward, ulysses_backward)
