@@ -300,17 +300,20 @@ def test_public_functions_check_their_arguments():
 
 
 # ---- the grid of rings x head groups (hybrid.py) --------------------------------------------------
-def _check_grid(results, ring_world, head_world, q, k, v, dout, causal, softcap, layout, scale):
+def _check_grid(results, ring_world, head_world, q, k, v, dout, causal, softcap, layout, scale, cu=None):
     """results[rank] = (out, lse, grads) with rank = ring_rank * W_h + head_rank."""
     def whole(pick):
         return unshard_2d([[pick(results[r * head_world + h]) for h in range(head_world)]
-                           for r in range(ring_world)], layout)
+                           for r in range(ring_world)], layout, cu_seqlens=cu)
 
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
-    ref_out, ref_lse = attention_reference(qr, kr, vr, causal=causal, scale=scale, softcap=softcap)
+    ref_out, ref_lse = attention_reference(qr, kr, vr, causal=causal, scale=scale, softcap=softcap, cu_seqlens=cu)
     ref_out.backward(dout)
     assert rel_err(whole(lambda x: x[0]), ref_out) < 1e-6
-    assert rel_err(whole(lambda x: x[1].transpose(1, 2)).transpose(1, 2), ref_lse) < 1e-6
+    if cu is None:  # LSE: BSHD [b, h, s], packed [h, total]: the parts join along the sequence
+        assert rel_err(whole(lambda x: x[1].transpose(1, 2)).transpose(1, 2), ref_lse) < 1e-6
+    else:
+        assert rel_err(whole(lambda x: x[1].t()).t(), ref_lse) < 1e-6
     for i, want in enumerate((qr.grad, kr.grad, vr.grad)):
         assert rel_err(whole(lambda x: x[2][i]), want) < 1e-6
 
@@ -323,42 +326,55 @@ def test_shard_2d_round_trip():
     assert torch.equal(torch.cat(parts[1], dim=1), cp.shard(x, 3, 1, "zigzag"))
 
 
+def _grid_spec(ql, cu, ring_world, head_world, layout, ring_exchange, head_exchange, **options):
+    """The HybridSpec of a grid rank's part: BSHD, or packed (cu: the global cu_seqlens)."""
+    if cu is None:
+        packing, rows = None, ShardRows(seqlen=ql.shape[1] * head_world)
+    else:
+        local = cp.local_cu_seqlens_2d(cu, ring_world, head_world, layout)
+        longest = int((local[1:] - local[:-1]).max())
+        packing = Packing(local, longest, ql.shape[0], head_world)
+        rows = ShardRows(cu_seqlens=local * head_world, max_seqlen=longest * head_world, total=ql.shape[0] * head_world)
+    ring = RingSpec(exchange=ring_exchange, rows=rows, layout=layout, blocks=ReferenceBlocks, **options)
+    return HybridSpec(ring=ring, head_exchange=head_exchange, packing=packing)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])
 @pytest.mark.parametrize("layout", cp.LAYOUTS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("ring_world,head_world", [(1, 2), (2, 1), (2, 2), (3, 2)])
-def test_thread_grid_matches_whole_sequence_attention(ring_world, head_world, causal, layout):
+def test_thread_grid_matches_whole_sequence_attention(ring_world, head_world, causal, layout, packed):
     world = ring_world * head_world
-    q, k, v, dout, _ = _problem(world * 10 + causal + 3, world, layout, False, heads=8, heads_kv=4)
+    q, k, v, dout, cu = _problem(world * 10 + causal + 3, world, layout, packed, heads=8, heads_kv=4)
     softcap = 5.0 if ring_world == 3 else 0.0
     rings = [ThreadRing(ring_world) for _ in range(head_world)]       # rings[h]: the ranks holding heads h
     groups = [ThreadGroup(head_world) for _ in range(ring_world)]     # groups[r]: ring rank r's head group
 
     def rank_fn(rank):
         r, h = divmod(rank, head_world)
-        ql, kl, vl, dol = (shard_2d(x, ring_world, r, head_world, h, layout) for x in (q, k, v, dout))
-        ring = RingSpec(exchange=rings[h].exchange(r), rows=ShardRows(seqlen=ql.shape[1] * head_world),
-                        causal=causal, layout=layout, scale=0.3, softcap=softcap, blocks=ReferenceBlocks)
-        spec = HybridSpec(ring=ring, head_exchange=groups[r].exchange(h))
+        ql, kl, vl, dol = (shard_2d(x, ring_world, r, head_world, h, layout, cu_seqlens=cu) for x in (q, k, v, dout))
+        spec = _grid_spec(ql, cu, ring_world, head_world, layout, rings[h].exchange(r), groups[r].exchange(h),
+                          causal=causal, scale=0.3, softcap=softcap)
         out, lse, saved = hybrid_forward(ql, kl, vl, spec)
         return out, lse, hybrid_backward(dol, saved, spec)
 
     results = ThreadRing(world).run(rank_fn)
-    _check_grid(results, ring_world, head_world, q, k, v, dout, causal, softcap, layout, 0.3)
+    _check_grid(results, ring_world, head_world, q, k, v, dout, causal, softcap, layout, 0.3, cu)
 
 
-def _gloo_grid_main(rank, world, port, queue_, head_world, heads_inner):
+def _gloo_grid_main(rank, world, port, queue_, head_world, heads_inner, packed):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         head_group, ring_group, r, h = cp.grid_groups(head_world, heads_inner)
+        ring_world = world // head_world
         assert dist.get_world_size(head_group) == head_world and dist.get_rank(head_group) == h
-        assert dist.get_world_size(ring_group) == world // head_world and dist.get_rank(ring_group) == r
-        q, k, v, dout, _ = _problem(11, world, "zigzag", False, heads=8, heads_kv=4)
-        ql, kl, vl = (shard_2d(x, world // head_world, r, head_world, h).requires_grad_() for x in (q, k, v))
-        dol = shard_2d(dout, world // head_world, r, head_world, h)
-        ring = RingSpec(exchange=RingExchange(ring_group), rows=ShardRows(seqlen=ql.shape[1] * head_world),
-                        causal=True, layout="zigzag", scale=0.25, blocks=ReferenceBlocks)
-        spec = HybridSpec(ring=ring, head_exchange=HeadExchange(head_group))
+        assert dist.get_world_size(ring_group) == ring_world and dist.get_rank(ring_group) == r
+        q, k, v, dout, cu = _problem(11, world, "zigzag", packed, heads=8, heads_kv=4)
+        ql, kl, vl = (shard_2d(x, ring_world, r, head_world, h, cu_seqlens=cu).requires_grad_() for x in (q, k, v))
+        dol = shard_2d(dout, ring_world, r, head_world, h, cu_seqlens=cu)
+        spec = _grid_spec(ql, cu, ring_world, head_world, "zigzag", RingExchange(ring_group), HeadExchange(head_group),
+                          causal=True, scale=0.25)
         out, lse = HybridAttention.apply(ql, kl, vl, spec)
         out.backward(dol)
         buf = io.BytesIO()
@@ -368,13 +384,13 @@ def _gloo_grid_main(rank, world, port, queue_, head_world, heads_inner):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("heads_inner", [True, False], ids=["heads-inner", "ring-inner"])
-def test_gloo_grid_with_autograd(heads_inner):
+@pytest.mark.parametrize("heads_inner,packed", [(True, False), (False, True)], ids=["heads-inner", "ring-inner-packed"])
+def test_gloo_grid_with_autograd(heads_inner, packed):
     world, head_world = 4, 2
-    res = _spawn_ranks(world, _gloo_grid_main, head_world, heads_inner)
+    res = _spawn_ranks(world, _gloo_grid_main, head_world, heads_inner, packed)
     # Results by grid position: rank (r, h) is r * W_h + h with heads inner, h * W_r + r otherwise.
     ring_world = world // head_world
     order = [r * head_world + h if heads_inner else h * ring_world + r for r in range(ring_world)
              for h in range(head_world)]
-    q, k, v, dout, _ = _problem(11, world, "zigzag", False, heads=8, heads_kv=4)
-    _check_grid([res[i] for i in order], ring_world, head_world, q, k, v, dout, True, 0.0, "zigzag", 0.25)
+    q, k, v, dout, cu = _problem(11, world, "zigzag", packed, heads=8, heads_kv=4)
+    _check_grid([res[i] for i in order], ring_world, head_world, q, k, v, dout, True, 0.0, "zigzag", 0.25, cu)

@@ -26,15 +26,15 @@ from typing import Optional
 import torch
 
 from .exchange import RingExchange
-from .hybrid import HybridAttention, HybridSpec, grid_groups, shard_2d, unshard_2d
+from .hybrid import HybridAttention, HybridSpec, grid_groups, local_cu_seqlens_2d, shard_2d, unshard_2d
 from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingAttention, RingSpec
 from .rows import ShardRows
 from .ulysses import HeadExchange, Packing, UlyssesAttention, UlyssesSpec
 
 __all__ = ["ring_attn_func", "ring_attn_varlen_func", "ulysses_attn_func", "ulysses_attn_varlen_func",
-           "hybrid_attn_func", "shard", "unshard", "shard_varlen", "unshard_varlen", "shard_2d", "unshard_2d",
-           "grid_groups", "local_cu_seqlens", "LAYOUTS"]
+           "hybrid_attn_func", "hybrid_attn_varlen_func", "shard", "unshard", "shard_varlen", "unshard_varlen",
+           "shard_2d", "unshard_2d", "grid_groups", "local_cu_seqlens", "local_cu_seqlens_2d", "LAYOUTS"]
 
 
 def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
@@ -145,6 +145,28 @@ def ulysses_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return (out, lse) if return_lse else out
 
 
+def _hybrid(q, k, v, head_group, ring_group, *, cu_seqlens, max_seqlen, softmax_scale, causal, softcap, layout,
+            deterministic, name):
+    """The grid's call on BSHD parts (cu_seqlens None) or packed ones."""
+    heads = HeadExchange(head_group)
+    w, head_axis = heads.world, q.dim() - 2
+    if q.shape[head_axis] % w or k.shape[head_axis] % w:
+        raise ValueError(f"fa3.distributed: {name} splits the heads over the head group's {w} ranks: heads_q "
+                         f"({q.shape[head_axis]}) and heads_kv ({k.shape[head_axis]}) must be multiples of {w}")
+    ring_len = (q.shape[1] if cu_seqlens is None else max_seqlen) * w  # (packed: the longest ring shard)
+    if layout == "zigzag" and ring_len % 2:
+        raise ValueError(f"fa3.distributed: the zigzag layout holds two equal chunks per ring rank: the ring shard "
+                         f"({ring_len // w} x the head group's {w} ranks) must be even")
+    if cu_seqlens is None:
+        packing, rows = None, ShardRows(seqlen=ring_len)
+    else:
+        packing = Packing(cu_seqlens, max_seqlen, q.shape[0], w)
+        rows = ShardRows(cu_seqlens=(cu_seqlens * w).to(torch.int32), max_seqlen=ring_len, total=q.shape[0] * w)
+    ring = RingSpec(exchange=RingExchange(ring_group), rows=rows, causal=causal, layout=layout,
+                    scale=_scale(softmax_scale, q.shape[-1]), softcap=float(softcap), deterministic=deterministic)
+    return HybridAttention.apply(q, k, v, HybridSpec(ring=ring, head_exchange=heads, packing=packing))
+
+
 def hybrid_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_group, ring_group,
                      softmax_scale: Optional[float] = None, causal: bool = False, softcap: float = 0.0,
                      layout: str = "zigzag", deterministic: bool = False, return_lse: bool = False):
@@ -154,17 +176,22 @@ def hybrid_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_gro
     ring the K/V shards of the gathered ring shard. Returns the output part (and its LSE [batch, heads,
     seqlen_local] with ``return_lse``); differentiable in q, k, v."""
     _check_shards(q, k, v, 1, layout)
-    heads = HeadExchange(head_group)
-    w = heads.world
-    if q.shape[2] % w or k.shape[2] % w:
-        raise ValueError(f"fa3.distributed: hybrid_attn_func splits the heads over the head group's {w} ranks: "
-                         f"heads_q ({q.shape[2]}) and heads_kv ({k.shape[2]}) must be multiples of {w}")
-    ring_seqlen = q.shape[1] * w
-    if layout == "zigzag" and ring_seqlen % 2:
-        raise ValueError(f"fa3.distributed: the zigzag layout holds two equal chunks per ring rank: the ring shard "
-                         f"({q.shape[1]} x {w} head-group ranks = {ring_seqlen}) must be even")
-    ring = RingSpec(exchange=RingExchange(ring_group), rows=ShardRows(seqlen=ring_seqlen), causal=causal,
-                    layout=layout, scale=_scale(softmax_scale, q.shape[-1]), softcap=float(softcap),
-                    deterministic=deterministic)
-    out, lse = HybridAttention.apply(q, k, v, HybridSpec(ring=ring, head_exchange=heads))
+    out, lse = _hybrid(q, k, v, head_group, ring_group, cu_seqlens=None, max_seqlen=0, softmax_scale=softmax_scale,
+                       causal=causal, softcap=softcap, layout=layout, deterministic=deterministic,
+                       name="hybrid_attn_func")
+    return (out, lse) if return_lse else out
+
+
+def hybrid_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                            max_seqlen: int, head_group, ring_group, softmax_scale: Optional[float] = None,
+                            causal: bool = False, softcap: float = 0.0, layout: str = "zigzag",
+                            deterministic: bool = False, return_lse: bool = False):
+    """:func:`hybrid_attn_func` for packed sequences: q, k, v [total_local, heads, head_dim] from
+    :func:`shard_2d` with ``cu_seqlens``, this rank's ``cu_seqlens`` (int32, :func:`local_cu_seqlens_2d`)
+    and ``max_seqlen`` its longest part of a sequence. LSE: [heads, total_local]."""
+    _check_shards(q, k, v, 0, layout)
+    _check_cu_seqlens(cu_seqlens, q)
+    out, lse = _hybrid(q, k, v, head_group, ring_group, cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen),
+                       softmax_scale=softmax_scale, causal=causal, softcap=softcap, layout=layout,
+                       deterministic=deterministic, name="hybrid_attn_varlen_func")
     return (out, lse) if return_lse else out

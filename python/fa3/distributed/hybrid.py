@@ -16,39 +16,41 @@ computes W_h times a flat ring's step, so the hops hide at W_h-fold shorter sequ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from .layout import shard, unshard
+from .layout import local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingSpec, ring_backward, ring_forward
-from .ulysses import LayerFunction, lse_to_sequence, to_heads, to_sequence
+from .ulysses import LayerFunction, Packing, exchanges
 
 __all__ = ["HybridSpec", "hybrid_forward", "hybrid_backward", "HybridAttention", "shard_2d", "unshard_2d",
-           "grid_groups"]
+           "local_cu_seqlens_2d", "grid_groups"]
 
 
 @dataclass(kw_only=True)
 class HybridSpec:
     ring: RingSpec        # the ring over the ranks holding this rank's heads; rows of the gathered ring shard
     head_exchange: Any    # .rank, .world, .all_to_all(x [W_h, ...]) (ulysses.HeadExchange)
+    packing: Optional[Packing] = None  # packed batches: each sequence's ring shard in W_h contiguous parts
 
 
 def hybrid_forward(q, k, v, spec: HybridSpec):
-    """(out [b, s_local, h, d_v], lse [b, h, s_local], saved) of the local parts."""
-    ex = spec.head_exchange
-    qh, kh, vh = (to_heads(x, ex) for x in (q, k, v))
+    """(out, lse, saved) of the local parts: BSHD out [b, s_local, h, d_v] and lse [b, h, s_local],
+    packed [total_local, h, d_v] and [h, total_local]."""
+    heads, seq, lse_seq, _ = exchanges(spec.head_exchange, spec.packing)
+    qh, kh, vh = (heads(x) for x in (q, k, v))
     o, l = ring_forward(qh, kh, vh, spec.ring)
-    return to_sequence(o, ex), lse_to_sequence(l, ex), (qh, kh, vh, o, l)
+    return seq(o), lse_seq(l), (qh, kh, vh, o, l)
 
 
 def hybrid_backward(dout, saved, spec: HybridSpec):
     """(dq, dk, dv) of the local parts."""
-    ex = spec.head_exchange
+    heads, seq, _, _ = exchanges(spec.head_exchange, spec.packing)
     qh, kh, vh, o, l = saved
-    grads = ring_backward(to_heads(dout, ex), qh, kh, vh, o, l, spec.ring)
-    return tuple(to_sequence(g, ex) for g in grads)
+    grads = ring_backward(heads(dout), qh, kh, vh, o, l, spec.ring)
+    return tuple(seq(g) for g in grads)
 
 
 class HybridAttention:
@@ -60,14 +62,28 @@ class HybridAttention:
 
 
 def shard_2d(x: torch.Tensor, ring_world: int, ring_rank: int, head_world: int, head_rank: int,
-             layout: str = "zigzag", dim: int = 1) -> torch.Tensor:
-    """The part of ``x`` (BSHD: the sequence on ``dim``) that grid rank (ring_rank, head_rank) holds."""
-    return shard(shard(x, ring_world, ring_rank, layout, dim), head_world, head_rank, "contiguous", dim)
+             layout: str = "zigzag", dim: int = 1, cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The part of ``x`` that grid rank (ring_rank, head_rank) holds: BSHD (the sequence on ``dim``),
+    or packed [total, ...] with ``cu_seqlens`` (every sequence sharded so)."""
+    if cu_seqlens is None:
+        return shard(shard(x, ring_world, ring_rank, layout, dim), head_world, head_rank, "contiguous", dim)
+    ring_part = shard_varlen(x, cu_seqlens, ring_world, ring_rank, layout)
+    return shard_varlen(ring_part, local_cu_seqlens(cu_seqlens, ring_world, layout), head_world, head_rank,
+                        "contiguous")
 
 
-def unshard_2d(parts, layout: str = "zigzag", dim: int = 1) -> torch.Tensor:
-    """The whole sequence from ``parts[ring_rank][head_rank]``."""
-    return unshard([unshard(row, "contiguous", dim) for row in parts], layout, dim)
+def unshard_2d(parts, layout: str = "zigzag", dim: int = 1, cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The whole sequence (or packed batch, with ``cu_seqlens``) from ``parts[ring_rank][head_rank]``."""
+    if cu_seqlens is None:
+        return unshard([unshard(row, "contiguous", dim) for row in parts], layout, dim)
+    ring_cu = local_cu_seqlens(cu_seqlens, len(parts), layout)
+    return unshard_varlen([unshard_varlen(row, ring_cu, "contiguous") for row in parts], cu_seqlens, layout)
+
+
+def local_cu_seqlens_2d(cu_seqlens: torch.Tensor, ring_world: int, head_world: int,
+                        layout: str = "zigzag") -> torch.Tensor:
+    """A grid rank's cu_seqlens for a packed batch sharded by :func:`shard_2d`."""
+    return local_cu_seqlens(local_cu_seqlens(cu_seqlens, ring_world, layout), head_world, "contiguous")
 
 
 def grid_groups(head_world: int, heads_inner: bool = True):

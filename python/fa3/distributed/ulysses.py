@@ -116,19 +116,19 @@ def packed_lse_to_sequence(lse: torch.Tensor, ex, packing: Packing) -> torch.Ten
     return ex.all_to_all(y.transpose(0, 1).contiguous()).reshape(w * hh, n // w)
 
 
-def _exchanges(spec: UlyssesSpec):
-    """(to heads, to sequence, LSE to sequence, the whole batch's rows) of the spec's layout."""
-    ex, pk = spec.exchange, spec.packing
-    if pk is None:
+def exchanges(ex, packing: Optional[Packing]):
+    """(to heads, to sequence, LSE to sequence, the whole batch's rows) over exchange ``ex``, for
+    BSHD shards (packing None) or packed ones (the grid in hybrid.py uses them too)."""
+    if packing is None:
         return (lambda x: to_heads(x, ex)), (lambda x: to_sequence(x, ex)), (lambda l: lse_to_sequence(l, ex)), Rows()
-    return ((lambda x: packed_to_heads(x, ex, pk)), (lambda x: packed_to_sequence(x, ex, pk)),
-            (lambda l: packed_lse_to_sequence(l, ex, pk)), pk.rows)
+    return ((lambda x: packed_to_heads(x, ex, packing)), (lambda x: packed_to_sequence(x, ex, packing)),
+            (lambda l: packed_lse_to_sequence(l, ex, packing)), packing.rows)
 
 
 def ulysses_forward(q, k, v, spec: UlyssesSpec):
     """(out, lse, saved) of the local shards: BSHD out [b, s_local, h, d_v] and lse [b, h, s_local],
     packed [total_local, h, d_v] and [h, total_local]; saved holds what the backward reads."""
-    heads, seq, lse_seq, rows = _exchanges(spec)
+    heads, seq, lse_seq, rows = exchanges(spec.exchange, spec.packing)
     qh, kh, vh = (heads(x) for x in (q, k, v))
     o, l = spec.blocks.forward(qh, kh, vh, rows, rows, causal=spec.causal, scale=spec.scale, softcap=spec.softcap)
     return seq(o), lse_seq(l), (qh, kh, vh, o, l)
@@ -136,7 +136,7 @@ def ulysses_forward(q, k, v, spec: UlyssesSpec):
 
 def ulysses_backward(dout, saved, spec: UlyssesSpec):
     """(dq, dk, dv) of the local sequence shards."""
-    heads, seq, _, rows = _exchanges(spec)
+    heads, seq, _, rows = exchanges(spec.exchange, spec.packing)
     qh, kh, vh, o, l = saved
     grads = spec.blocks.backward(heads(dout), qh, kh, vh, o, l, rows, rows, causal=spec.causal,
                                  scale=spec.scale, softcap=spec.softcap, deterministic=spec.deterministic)
