@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 import fa3.distributed as cp
 from fa3.distributed.exchange import RingExchange
-from fa3.distributed.hybrid import HybridAttention, HybridSpec, hybrid_backward, hybrid_forward, shard_2d, unshard_2d
+from fa3.distributed.hybrid import HybridAttention, grid_spec, hybrid_backward, hybrid_forward, shard_2d, unshard_2d
 from fa3.distributed.layout import ALL, FIRST, SECOND, step_plan
 from fa3.distributed.merge import merge_
 from fa3.distributed.ring import RingAttention, RingSpec, ring_backward, ring_forward
@@ -327,16 +327,12 @@ def test_shard_2d_round_trip():
 
 
 def _grid_spec(ql, cu, ring_world, head_world, layout, ring_exchange, head_exchange, **options):
-    """The HybridSpec of a grid rank's part: BSHD, or packed (cu: the global cu_seqlens)."""
-    if cu is None:
-        packing, rows = None, ShardRows(seqlen=ql.shape[1] * head_world)
-    else:
+    """grid_spec on the float64 blocks; cu: the global cu_seqlens (packed) or None."""
+    packed = {}
+    if cu is not None:
         local = cp.local_cu_seqlens_2d(cu, ring_world, head_world, layout)
-        longest = int((local[1:] - local[:-1]).max())
-        packing = Packing(local, longest, ql.shape[0], head_world)
-        rows = ShardRows(cu_seqlens=local * head_world, max_seqlen=longest * head_world, total=ql.shape[0] * head_world)
-    ring = RingSpec(exchange=ring_exchange, rows=rows, layout=layout, blocks=ReferenceBlocks, **options)
-    return HybridSpec(ring=ring, head_exchange=head_exchange, packing=packing)
+        packed = dict(cu_seqlens=local, max_seqlen=int((local[1:] - local[:-1]).max()))
+    return grid_spec(ring_exchange, head_exchange, ql, layout=layout, blocks=ReferenceBlocks, **packed, **options)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])

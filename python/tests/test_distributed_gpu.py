@@ -15,7 +15,7 @@ import fa3
 import fa3.distributed as cp
 from fa3 import _ops
 from fa3.distributed.blocks import Fa3Blocks
-from fa3.distributed.hybrid import HybridSpec, hybrid_backward, hybrid_forward, shard_2d, unshard_2d
+from fa3.distributed.hybrid import grid_spec, hybrid_backward, hybrid_forward, shard_2d, unshard_2d
 from fa3.distributed.ring import RingSpec, ring_backward, ring_forward
 from fa3.distributed.rows import ShardRows
 from fa3.distributed.ulysses import Packing, UlyssesSpec, ulysses_backward, ulysses_forward
@@ -152,9 +152,8 @@ def test_thread_grid_on_fa3_matches_single_gpu(causal):
     def rank_fn(rank):
         r, h = divmod(rank, head_world)
         ql, kl, vl, dol = (shard_2d(x, ring_world, r, head_world, h) for x in (q, k, v, dout))
-        ring = RingSpec(exchange=rings[h].exchange(r), rows=ShardRows(seqlen=ql.shape[1] * head_world),
-                        causal=causal, layout="zigzag", scale=scale, blocks=Fa3Blocks)
-        spec = HybridSpec(ring=ring, head_exchange=groups[r].exchange(h))
+        spec = grid_spec(rings[h].exchange(r), groups[r].exchange(h), ql, layout="zigzag", causal=causal, scale=scale,
+                         blocks=Fa3Blocks)
         out, lse, saved = hybrid_forward(ql, kl, vl, spec)
         return out, hybrid_backward(dol, saved, spec)
 

@@ -173,7 +173,6 @@ template <>
 struct FwdFp8Config<256, false> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
 template <>
 struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFullSchedule & ~kPingpong>> {};
-constexpr bool has_fp8_alt_tile(int head_dim) { return head_dim == 64; }
 inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
   if (head_dim != 64 || seqlen_q < 2048) return false;
   return masked ? seqlen_k >= 2048 : seqlen_k >= 16384;

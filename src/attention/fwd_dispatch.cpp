@@ -174,7 +174,7 @@ Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
   // d64's second tile (long sequences), fixed-length batches only as the 16-bit second tiles.
   if constexpr (!Feat::kVarlen)
-    if (attn::has_fp8_alt_tile(dim) && attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k))
+    if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k))
       return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
           f, kBlock ? "d64altblk" : "d64alt");
   switch (dim) {

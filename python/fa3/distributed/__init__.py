@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from .exchange import RingExchange
-from .hybrid import HybridAttention, HybridSpec, grid_groups, local_cu_seqlens_2d, shard_2d, unshard_2d
+from .hybrid import HybridAttention, grid_groups, grid_spec, local_cu_seqlens_2d, shard_2d, unshard_2d
 from .layout import LAYOUTS, local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingAttention, RingSpec
 from .rows import ShardRows
@@ -104,6 +104,24 @@ def ring_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     return (out, lse) if return_lse else out
 
 
+def _head_exchange(group, q, k, name: str) -> HeadExchange:
+    """The group's all-to-all exchange; heads_q and heads_kv (q, k's second-to-last dim) must split over it."""
+    exchange = HeadExchange(group)
+    w, axis = exchange.world, q.dim() - 2
+    if q.shape[axis] % w or k.shape[axis] % w:
+        raise ValueError(f"fa3.distributed: {name} splits the heads over the group's {w} ranks: heads_q "
+                         f"({q.shape[axis]}) and heads_kv ({k.shape[axis]}) must be multiples of {w}")
+    return exchange
+
+
+def _ulysses(q, k, v, group, *, cu_seqlens, max_seqlen, softmax_scale, causal, softcap, deterministic, name):
+    exchange = _head_exchange(group, q, k, name)
+    packing = None if cu_seqlens is None else Packing(cu_seqlens, max_seqlen, q.shape[0], exchange.world)
+    spec = UlyssesSpec(exchange=exchange, packing=packing, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
+                       softcap=float(softcap), deterministic=deterministic)
+    return UlyssesAttention.apply(q, k, v, spec)
+
+
 def ulysses_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
                       causal: bool = False, softcap: float = 0.0, group=None, deterministic: bool = False,
                       return_lse: bool = False):
@@ -112,14 +130,8 @@ def ulysses_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax
     heads_q and heads_kv must be multiples of the group's size. Returns the output shard (and its LSE
     [batch, heads, seqlen_local] with ``return_lse``); differentiable in q, k, v."""
     _check_shards(q, k, v, 1, "contiguous")
-    exchange = HeadExchange(group)
-    w = exchange.world
-    if q.shape[2] % w or k.shape[2] % w:
-        raise ValueError(f"fa3.distributed: ulysses_attn_func splits the heads over the group's {w} ranks: heads_q "
-                         f"({q.shape[2]}) and heads_kv ({k.shape[2]}) must be multiples of {w}")
-    spec = UlyssesSpec(exchange=exchange, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
-                       softcap=float(softcap), deterministic=deterministic)
-    out, lse = UlyssesAttention.apply(q, k, v, spec)
+    out, lse = _ulysses(q, k, v, group, cu_seqlens=None, max_seqlen=0, softmax_scale=softmax_scale, causal=causal,
+                        softcap=softcap, deterministic=deterministic, name="ulysses_attn_func")
     return (out, lse) if return_lse else out
 
 
@@ -133,38 +145,25 @@ def ulysses_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     with that layout) and ``max_seqlen`` its longest chunk. LSE: [heads, total_local]."""
     _check_shards(q, k, v, 0, "contiguous")
     _check_cu_seqlens(cu_seqlens, q)
-    exchange = HeadExchange(group)
-    w = exchange.world
-    if q.shape[1] % w or k.shape[1] % w:
-        raise ValueError(f"fa3.distributed: ulysses_attn_varlen_func splits the heads over the group's {w} ranks: "
-                         f"heads_q ({q.shape[1]}) and heads_kv ({k.shape[1]}) must be multiples of {w}")
-    packing = Packing(cu_seqlens, int(max_seqlen), q.shape[0], w)
-    spec = UlyssesSpec(exchange=exchange, packing=packing, causal=causal, scale=_scale(softmax_scale, q.shape[-1]),
-                       softcap=float(softcap), deterministic=deterministic)
-    out, lse = UlyssesAttention.apply(q, k, v, spec)
+    out, lse = _ulysses(q, k, v, group, cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen),
+                        softmax_scale=softmax_scale, causal=causal, softcap=softcap, deterministic=deterministic,
+                        name="ulysses_attn_varlen_func")
     return (out, lse) if return_lse else out
 
 
 def _hybrid(q, k, v, head_group, ring_group, *, cu_seqlens, max_seqlen, softmax_scale, causal, softcap, layout,
             deterministic, name):
     """The grid's call on BSHD parts (cu_seqlens None) or packed ones."""
-    heads = HeadExchange(head_group)
-    w, head_axis = heads.world, q.dim() - 2
-    if q.shape[head_axis] % w or k.shape[head_axis] % w:
-        raise ValueError(f"fa3.distributed: {name} splits the heads over the head group's {w} ranks: heads_q "
-                         f"({q.shape[head_axis]}) and heads_kv ({k.shape[head_axis]}) must be multiples of {w}")
+    heads = _head_exchange(head_group, q, k, name)
+    w = heads.world
     ring_len = (q.shape[1] if cu_seqlens is None else max_seqlen) * w  # (packed: the longest ring shard)
     if layout == "zigzag" and ring_len % 2:
         raise ValueError(f"fa3.distributed: the zigzag layout holds two equal chunks per ring rank: the ring shard "
                          f"({ring_len // w} x the head group's {w} ranks) must be even")
-    if cu_seqlens is None:
-        packing, rows = None, ShardRows(seqlen=ring_len)
-    else:
-        packing = Packing(cu_seqlens, max_seqlen, q.shape[0], w)
-        rows = ShardRows(cu_seqlens=(cu_seqlens * w).to(torch.int32), max_seqlen=ring_len, total=q.shape[0] * w)
-    ring = RingSpec(exchange=RingExchange(ring_group), rows=rows, causal=causal, layout=layout,
-                    scale=_scale(softmax_scale, q.shape[-1]), softcap=float(softcap), deterministic=deterministic)
-    return HybridAttention.apply(q, k, v, HybridSpec(ring=ring, head_exchange=heads, packing=packing))
+    spec = grid_spec(RingExchange(ring_group), heads, q, layout=layout, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                     causal=causal, scale=_scale(softmax_scale, q.shape[-1]), softcap=float(softcap),
+                     deterministic=deterministic)
+    return HybridAttention.apply(q, k, v, spec)
 
 
 def hybrid_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_group, ring_group,

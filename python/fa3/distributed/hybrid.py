@@ -23,10 +23,11 @@ import torch.distributed as dist
 
 from .layout import local_cu_seqlens, shard, shard_varlen, unshard, unshard_varlen
 from .ring import RingSpec, ring_backward, ring_forward
+from .rows import ShardRows
 from .ulysses import LayerFunction, Packing, exchanges
 
-__all__ = ["HybridSpec", "hybrid_forward", "hybrid_backward", "HybridAttention", "shard_2d", "unshard_2d",
-           "local_cu_seqlens_2d", "grid_groups"]
+__all__ = ["HybridSpec", "hybrid_forward", "hybrid_backward", "grid_spec", "HybridAttention", "shard_2d",
+           "unshard_2d", "local_cu_seqlens_2d", "grid_groups"]
 
 
 @dataclass(kw_only=True)
@@ -51,6 +52,21 @@ def hybrid_backward(dout, saved, spec: HybridSpec):
     qh, kh, vh, o, l = saved
     grads = ring_backward(heads(dout), qh, kh, vh, o, l, spec.ring)
     return tuple(seq(g) for g in grads)
+
+
+def grid_spec(ring_exchange, head_exchange, q: torch.Tensor, *, layout: str, cu_seqlens: Optional[torch.Tensor] = None,
+              max_seqlen: int = 0, **options) -> HybridSpec:
+    """The spec of a grid rank's part ``q``: BSHD, or packed with this rank's ``cu_seqlens`` and
+    ``max_seqlen`` (:func:`local_cu_seqlens_2d`). The ring's rows are those of the gathered ring
+    shard (W_h times the part); ``options`` are BlockOptions' fields."""
+    w = head_exchange.world
+    if cu_seqlens is None:
+        packing, rows = None, ShardRows(seqlen=q.shape[1] * w)
+    else:
+        packing = Packing(cu_seqlens, max_seqlen, q.shape[0], w)
+        rows = ShardRows(cu_seqlens=(cu_seqlens * w).to(torch.int32), max_seqlen=max_seqlen * w, total=q.shape[0] * w)
+    ring = RingSpec(exchange=ring_exchange, rows=rows, layout=layout, **options)
+    return HybridSpec(ring=ring, head_exchange=head_exchange, packing=packing)
 
 
 class HybridAttention:
