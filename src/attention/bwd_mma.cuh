@@ -1,12 +1,12 @@
 // A consumer warpgroup of the backward: 64 keys of the CTA's block, their dK and dV (split d: half
 // of their columns) in registers across every query block the producer streams. One step per query
 // block (FlashAttention-2's backward, with the transposes Hopper wants: rows are keys, so S^T and
-// dP^T come straight out of wgmma with M = 64 keys, P^T feeds dV from registers and dS^T, stored
-// once, both dK and dQ; split d, bwd_config.h: each warpgroup's S^T / dP^T cover half the queries,
-// and P^T goes through shared memory too):
+// dP^T come straight out of wgmma with M = 64 keys, P^T and dS^T feed dV and dK from registers,
+// and dS^T, stored once, dQ; split d, bwd_config.h: each warpgroup's S^T / dP^T cover half the
+// queries, so P^T and dS^T feed dV and dK from shared memory):
 //   S^T  = K Q^T           (SS)       P^T  = exp2(S^T * scale_log2 - LSE2)   [softcap: tanh first]
 //   dP^T = V dO^T          (SS)       dS^T = P^T * (dP^T - D) [* (1 - tanh^2)]
-//   dV  += P^T dO          (RS; split d: SS)  dK  += dS^T Q   (SS: dS^T from shared memory, K-major)
+//   dV  += P^T dO          (RS; split d: SS)  dK  += dS^T Q   (RS; split d: SS, dS^T K-major)
 //   dQ   = dS K            (SS: dS^T from shared memory as an M-major A, K as an N-major B), in
 //                          64 x 64 parts (bwd_config.h), staged for the dQ writer warp, which
 //                          reduce-adds each into the fp32 workspace by one bulk copy.
@@ -142,6 +142,14 @@ struct BwdConsumer {
     hopper::stmatrix_x4(hopper::smem_u32(tile) + DsTile::offset(row, col), r[0], r[1], r[2], r[3]);
   }
 
+  // The row values (LSE2 or D) of this thread's accumulator columns: pair j = columns 8j + acc_col0()
+  // and + 1 of this warpgroup's queries (acc_col(i) = 8 (i / 4) + (i & 1)), by 64-bit shared loads.
+  __device__ __forceinline__ void column_pairs(float2 (&v)[kQ / 8], const float* rows) const {
+    const uint32_t base = hopper::smem_u32(rows) + 4 * col0();
+#pragma unroll
+    for (int j = 0; j < kQ / 8; ++j) v[j] = hopper::ld_shared_f32x2(base + 32 * j);
+  }
+
   // kDqHere: this warpgroup computes (and adds) a dQ part of this step.
   template <bool kDqHere>
   __device__ void step(int n_block, int m, const Seq& seq, hopper::PipelineState<Cfg::kStages>& st, int it) {
@@ -158,14 +166,19 @@ struct BwdConsumer {
     hopper::wgmma_fence();
     issue_rows_times_block(s, smem.k(), q_addr);
     issue_rows_times_block(dp, smem.v(), do_addr);
+    // This thread's LSE2 (its columns' rows of the stage), read while the GEMMs run: read after
+    // the wait, its latency stood between S^T and the first exp2 of every step. (Reading D here as
+    // well spilled in the masked d128 kernels; it is read after dP^T's wait.)
+    float2 lse[kQ / 8];
+    column_pairs(lse, smem.lse2(st.index));
     hopper::wgmma_wait<1>();
     hopper::fence_operand(s);
 
     // P^T (bf16 fragments for dV) and, kept in s, P^T * dscore for dS^T. Only tiles that are not
     // fully visible pay for the mask (a runtime test per element made d64 causal 1.75x slower).
     uint32_t pa[kQ / kK][4];
-    if (Feat::kMasked && !fully_visible(n_block, m, seq)) probabilities<true>(s, pa, st.index, n_block, m, seq);
-    else probabilities<false>(s, pa, st.index, n_block, m, seq);
+    if (Feat::kMasked && !fully_visible(n_block, m, seq)) probabilities<true>(s, pa, lse, n_block, m, seq);
+    else probabilities<false>(s, pa, lse, n_block, m, seq);
     // Split d: the other warpgroup's dV columns need this P^T too.
     if constexpr (kSplitD) {
 #pragma unroll
@@ -174,52 +187,111 @@ struct BwdConsumer {
     hopper::wgmma_wait<0>();
     hopper::fence_operand(dp);
 
-    // dS^T = P^T (dP^T - D), straight into shared memory (this warpgroup's rows and columns), one
-    // 16-column k-block (an A fragment's four registers, one stmatrix) at a time: dK and dQ both
-    // read it from there, so it never occupies registers whole (d64's 128-query blocks spilled with it).
-    {
-      const uint32_t delta = hopper::smem_u32(smem.delta(do_stage));
+    // dS^T = P^T (dP^T - D) into shared memory (this warpgroup's rows and columns; the dQ GEMMs of
+    // both warpgroups read all of it), one 16-column k-block (an A fragment's four registers, one
+    // stmatrix) at a time; without split d the fragments stay in registers too, as dK's A operand.
+    float2 delta[kQ / 8];
+    column_pairs(delta, smem.delta(do_stage));
+    uint32_t da[kQ / kK][4];
 #pragma unroll
-      for (int kb = 0; kb < kQ / kK; ++kb) {
-        uint32_t da[4];
+    for (int kb = 0; kb < kQ / kK; ++kb) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = 8 * kb + 2 * r;
-          const float2 d = hopper::ld_shared_f32x2(delta + 4 * (hopper::acc_col(i) + col0()));  // columns c, c + 1
-          da[r] = Mma::pack(s[i] * (dp[i] - d.x), s[i + 1] * (dp[i + 1] - d.y));
-        }
-        store_fragment(smem.ds(buf), kb, da);
+      for (int r = 0; r < 4; ++r) {
+        const int i = 8 * kb + 2 * r;
+        const float2 d = delta[i / 4];  // columns acc_col(i), + 1
+        da[kb][r] = Mma::pack(s[i] * (dp[i] - d.x), s[i + 1] * (dp[i + 1] - d.y));
       }
+      store_fragment(smem.ds(buf), kb, da[kb]);
     }
+    if constexpr (kSplitD) step_split_d<kDqHere>(buf, q_addr, do_addr, st);
+    else step_gradients<kDqHere>(buf, q_addr, do_addr, pa, da, st);
+  }
+
+  // The step's gradient GEMMs, keys as rows (d64, d128): dV += P^T dO and dK += dS^T Q with A from
+  // registers (P^T and dS^T are this warpgroup's own keys), B = the dO / Q rows as N-major
+  // operands; dQ = dS K over both warpgroups' dS^T. Only dQ waits for the other warpgroup's half of
+  // dS^T: dV runs under that barrier, and the dQ part is staged for the writer while dK runs, so
+  // the tensor pipe has work across both waits (FlashAttention-3's order).
+  template <bool kDqHere>
+  __device__ __forceinline__ void step_gradients(int buf, uint32_t q_addr, uint32_t do_addr,
+                                                 const uint32_t (&pa)[kQ / kK][4], const uint32_t (&da)[kQ / kK][4],
+                                                 hopper::PipelineState<Cfg::kStages>& st) {
+    const uint64_t bdo = hopper::make_smem_desc(do_addr, QTile::kNMajorLbo, QTile::kNMajorSbo);
+    const uint64_t bq = hopper::make_smem_desc(q_addr, QTile::kNMajorLbo, QTile::kNMajorSbo);
+    hopper::fence_operand(dv);
+    hopper::fence_operand(dk);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kM / kK; ++kb)
+      Mma::template Op<kD>::template rs<1>(dv, pa[kb], hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
+    hopper::wgmma_commit();
     hopper::fence_view_async_shared();
     consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
+    float dq[32];
+    if constexpr (kDqHere) issue_dq_part(dq, buf, Cfg::kDqParts >= 2 ? consumer : 0);
+#pragma unroll
+    for (int kb = 0; kb < kM / kK; ++kb)
+      Mma::template Op<kD>::template rs<1>(dk, da[kb], hopper::desc_advance(bq, QTile::template row_chunk_offset<kK>(kb)), 1);
+    hopper::wgmma_commit();
+    // The dQ part is staged while dK runs, except for d64 in deterministic mode: there the writer
+    // may hold the staging buffer while it waits for the query block's turn, and the stage held
+    // meanwhile stalls the producer too (6-12% slower than staging after the release; d128's
+    // deterministic mode stayed within 3% with the early staging, and with both paths its softcap
+    // varlen kernel spilled).
+    constexpr bool kLateWhenDeterministic = Cfg::kDqParts == 1;
+    if constexpr (kDqHere) {
+      hopper::wgmma_wait<1>();  // dV and dQ done, dK still running
+      hopper::fence_operand(dq);
+      if (!kLateWhenDeterministic || !p.deterministic) stage_dq(dq);
+    }
+    hopper::wgmma_wait<0>();
+    hopper::fence_operand(dv);
+    hopper::fence_operand(dk);
+    // Every read of the stage is done. Every thread arrives: an arrive orders only the arriving
+    // thread's own reads (LSE2 and D) before the producer's next bulk copy into the stage.
+    smem.bars().q.consumer_release(st);
+    if constexpr (kDqHere && kLateWhenDeterministic) {
+      if (p.deterministic) stage_dq(dq);
+    }
+  }
 
-    // dV += P^T dO (A from registers; split d: P^T's 64 x 64 from shared memory), dK += dS^T Q
-    // (A = this warpgroup's rows of dS^T, K-major); B = dO / Q rows as N-major operands, this
-    // warpgroup's dK / dV columns (their panels).
+  // dQ part `part` (64 x 64, columns 64 part ..) = dS K: A = dS (queries x keys) read M-major from
+  // dS^T, B = K (keys x d) N-major from its panel; one committed group.
+  __device__ __forceinline__ void issue_dq_part(float (&dq)[32], int buf, int part) const {
+    const uint64_t ad = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)), DsTile::kNMajorLbo, DsTile::kNMajorSbo);
+    const uint64_t bd = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::panel_offset(part),
+                                               KTile::kNMajorLbo, KTile::kNMajorSbo);
+#pragma unroll
+    for (int kk = 0; kk < kN / kK; ++kk)
+      Mma::template Op<64>::template ss<1, 1>(dq, hopper::desc_advance(ad, DsTile::template row_chunk_offset<kK>(kk)),
+                                              hopper::desc_advance(bd, KTile::template row_chunk_offset<kK>(kk)), kk > 0);
+    hopper::wgmma_commit();
+  }
+
+  // Split d (bwd_config.h): this warpgroup's dV and dK columns need both warpgroups' P^T and dS^T,
+  // so every gradient GEMM reads them from shared memory after the barrier. dV += P^T dO, dK +=
+  // dS^T Q, then its two dQ parts; dO's single stage goes back as soon as dV has read it.
+  template <bool kDqHere>
+  __device__ __forceinline__ void step_split_d(int buf, uint32_t q_addr, uint32_t do_addr,
+                                               hopper::PipelineState<Cfg::kStages>& st) {
+    static_assert(kDqHere && Cfg::kDqPartsPerWg == 2 && kDoRing, "split d: two dQ parts per warpgroup every step");
+    hopper::fence_view_async_shared();
+    consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
     hopper::fence_operand(dv);
     hopper::fence_operand(dk);
     hopper::wgmma_fence();
     {
       constexpr int kPanel0 = kDkv / 64;  // this warpgroup's first column panel is kPanel0 * consumer
-      const uint64_t bdo = hopper::make_smem_desc(do_addr + QTile::panel_offset(kPanel0 * consumer) * kSplitD,
+      const uint64_t bdo = hopper::make_smem_desc(do_addr + QTile::panel_offset(kPanel0 * consumer),
                                                   QTile::kNMajorLbo, QTile::kNMajorSbo);
-      const uint64_t bq = hopper::make_smem_desc(q_addr + QTile::panel_offset(kPanel0 * consumer) * kSplitD,
+      const uint64_t bq = hopper::make_smem_desc(q_addr + QTile::panel_offset(kPanel0 * consumer),
                                                  QTile::kNMajorLbo, QTile::kNMajorSbo);
-      const uint64_t ads = hopper::make_smem_desc(
-          hopper::smem_u32(smem.ds(buf)) + DsTile::row_offset(Cfg::kWgKeyOffset * consumer), DsTile::kKMajorLbo,
-          DsTile::kKMajorSbo);
-      if constexpr (kSplitD) {
-        const uint64_t ap = hopper::make_smem_desc(hopper::smem_u32(smem.p(buf)), DsTile::kKMajorLbo, DsTile::kKMajorSbo);
+      const uint64_t ads = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)), DsTile::kKMajorLbo, DsTile::kKMajorSbo);
+      const uint64_t ap = hopper::make_smem_desc(hopper::smem_u32(smem.p(buf)), DsTile::kKMajorLbo, DsTile::kKMajorSbo);
 #pragma unroll
-        for (int kb = 0; kb < kM / kK; ++kb)
-          Mma::template Op<kDkv>::template ss<1>(dv, hopper::desc_advance(ap, DsTile::template k_chunk_offset<kK>(kb)),
-                                                 hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
-      } else {
-#pragma unroll
-        for (int kb = 0; kb < kM / kK; ++kb)
-          Mma::template Op<kD>::template rs<1>(dv, pa[kb], hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
-      }
+      for (int kb = 0; kb < kM / kK; ++kb)
+        Mma::template Op<kDkv>::template ss<1>(dv, hopper::desc_advance(ap, DsTile::template k_chunk_offset<kK>(kb)),
+                                               hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
       hopper::wgmma_commit();
 #pragma unroll
       for (int kb = 0; kb < kM / kK; ++kb)
@@ -227,52 +299,25 @@ struct BwdConsumer {
                                                hopper::desc_advance(bq, QTile::template row_chunk_offset<kK>(kb)), 1);
       hopper::wgmma_commit();
     }
-
-    // dQ parts (columns 64 part ..): d128 each warpgroup its own, d64 the step's warpgroup, split d
-    // two per warpgroup (2c, 2c + 1).
-    float dq[Cfg::kDqPartsPerWg][32];
-    if constexpr (kDqHere) {
-      // A = dS (queries x keys) read M-major from dS^T; B = K (keys x d) N-major, from its panel.
-      const uint64_t ad = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)), DsTile::kNMajorLbo, DsTile::kNMajorSbo);
+    float dq[2][32];
 #pragma unroll
-      for (int j = 0; j < Cfg::kDqPartsPerWg; ++j) {
-        const int part = Cfg::kDqParts >= 2 ? Cfg::kDqPartsPerWg * consumer + j : 0;
-        const uint64_t bd = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::panel_offset(part),
-                                                   KTile::kNMajorLbo, KTile::kNMajorSbo);
-#pragma unroll
-        for (int kk = 0; kk < kN / kK; ++kk)
-          Mma::template Op<64>::template ss<1, 1>(dq[j], hopper::desc_advance(ad, DsTile::template row_chunk_offset<kK>(kk)),
-                                                  hopper::desc_advance(bd, KTile::template row_chunk_offset<kK>(kk)), kk > 0);
-        hopper::wgmma_commit();
-      }
-    }
-    if constexpr (kDoRing) {
-      static_assert(kSplitD && Cfg::kDqPartsPerWg == 2, "the dO ring's early release assumes split d's two dQ parts");
-      // The dV GEMM (the oldest group) was the last to read dO: its single stage goes back to the
-      // producer while dK and dQ still run.
-      hopper::wgmma_wait<1 + Cfg::kDqPartsPerWg>();
-      hopper::fence_operand(dv);
-      smem.bars().dout.consumer_release(do_st);
-      do_st.advance();
-      // Staging the first part while the second's GEMM runs.
-      hopper::wgmma_wait<Cfg::kDqPartsPerWg - 1>();
-      hopper::fence_operand(dq[0]);
-      stage_dq(dq[0]);
-    }
+    for (int j = 0; j < 2; ++j) issue_dq_part(dq[j], buf, 2 * consumer + j);
+    // The dV GEMM (the oldest group) was the last to read dO: its single stage goes back to the
+    // producer while dK and dQ still run.
+    hopper::wgmma_wait<3>();
+    hopper::fence_operand(dv);
+    smem.bars().dout.consumer_release(do_st);
+    do_st.advance();
+    // Staging the first part while the second's GEMM runs.
+    hopper::wgmma_wait<1>();
+    hopper::fence_operand(dq[0]);
+    stage_dq(dq[0]);
     hopper::wgmma_wait<0>();
-    if constexpr (kDqHere) {
-#pragma unroll
-      for (int j = 0; j < Cfg::kDqPartsPerWg; ++j) hopper::fence_operand(dq[j]);
-    }
+    hopper::fence_operand(dq[1]);
     hopper::fence_operand(dv);
     hopper::fence_operand(dk);
-    // Every read of the stage is done. Every thread arrives: an arrive orders only the arriving
-    // thread's own reads (LSE2 and D) before the producer's next bulk copy into the stage.
-    ring.consumer_release(st);
-    if constexpr (kDqHere) {
-#pragma unroll
-      for (int j = kDoRing ? 1 : 0; j < Cfg::kDqPartsPerWg; ++j) stage_dq(dq[j]);
-    }
+    smem.bars().q.consumer_release(st);
+    stage_dq(dq[1]);
   }
 
   // s (S^T) -> P^T: the bf16 fragments pa for dV, and P^T * dscore back in s for dS^T. Hidden
@@ -280,10 +325,9 @@ struct BwdConsumer {
   // and j - q is this thread's (j0 - q0) plus a per-register constant; varlen also hides keys
   // j >= seqlen_k, i.e. register rows at or past seqlen_k - j0.
   template <bool kMask>
-  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], uint32_t (&pa)[kQ / kK][4], int stage, int n_block,
+  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], uint32_t (&pa)[kQ / kK][4], const float2 (&lse)[kQ / 8], int n_block,
                                                 int m, const Seq& seq) const {
     const FwdKernelParams& f = p.fwd;
-    const uint32_t lse2 = hopper::smem_u32(smem.lse2(stage));
     int lo = 0, hi = 0, keys_left = 0;
     if constexpr (kMask) {
       const int off = seq.seqlen_k(f) - seq.seqlen_q(f), base = key_row0(n_block) - (m * kM + col0());
@@ -293,7 +337,7 @@ struct BwdConsumer {
     }
 #pragma unroll
     for (int i = 0; i < kQ / 2; i += 2) {
-      const float2 l = hopper::ld_shared_f32x2(lse2 + 4 * (hopper::acc_col(i) + col0()));  // columns c, c + 1
+      const float2 l = lse[i / 4];  // columns acc_col(i), + 1
       float pr[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -319,9 +363,11 @@ struct BwdConsumer {
   __device__ __forceinline__ void stage_dq(const float (&dq)[32]) {
     auto& ring = smem.bars().dq[consumer];
     ring.producer_acquire(dq_st);  // the writer's bulk copy has read this buffer
-    float* stage = smem.dq(consumer, dq_st.index);
+    // st.shared by a 32-bit address: through the generic pointer, ptxas emitted generic stores
+    // (ST.E) and a MEMBAR.ALL.CTA before the proxy fence.
+    const uint32_t stage = hopper::smem_u32(smem.dq(consumer, dq_st.index)) + 4 * thread;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) stage[i * hopper::kWarpgroupSize + thread] = dq[i];
+    for (int i = 0; i < 32; ++i) hopper::st_shared_u32(stage + 4 * i * hopper::kWarpgroupSize, __float_as_uint(dq[i]));
     hopper::fence_view_async_shared();
     hopper::mbarrier_arrive(&ring.full[dq_st.index]);
     dq_st.advance();
