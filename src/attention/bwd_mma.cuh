@@ -62,6 +62,12 @@ struct BwdConsumer {
     __syncwarp();
     hopper::named_barrier_sync_unaligned(id, threads);
   }
+  // Its other side for a warpgroup that only signals (its writes before it are visible to the
+  // threads that sync), unaligned for the same reason.
+  __device__ __forceinline__ static void consumers_arrive(int id, int threads) {
+    __syncwarp();
+    asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  }
 
   // This thread's first key row of the block (its second is 8 further), first query column of the
   // block (S^T, dP^T), and first column of its accumulator fragments.
@@ -225,8 +231,15 @@ struct BwdConsumer {
     for (int kb = 0; kb < kM / kK; ++kb)
       Mma::template Op<kD>::template rs<1>(dv, pa[kb], hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
     hopper::wgmma_commit();
+    // Only a warpgroup that computes a dQ part waits for the other's half of dS^T; d64's other
+    // warpgroup of the step only signals its own and goes on. A barrier per dS^T buffer: a
+    // warpgroup that signalled can be a step ahead by the time the other syncs, and its next
+    // signal must not count for this step. (The buffer is written again two steps later: by the
+    // warpgroup whose dQ read it, after its own wait, or by the other one after its sync of the
+    // step between, on a signal given after that dQ.)
     hopper::fence_view_async_shared();
-    consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
+    if constexpr (kDqHere) consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    else consumers_arrive(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
     float dq[32];
     if constexpr (kDqHere) issue_dq_part(dq, buf, Cfg::kDqParts >= 2 ? consumer : 0);
 #pragma unroll

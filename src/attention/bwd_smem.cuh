@@ -64,7 +64,9 @@ struct BwdSmem {
 };
 
 enum BwdBarrier : int {
-  kBarDsReady = 2,   // both consumers wrote their half of dS^T (256 threads)
+  // Both consumers wrote their half of dS^T (256 threads). d64, d128: one per dS^T buffer,
+  // kBarDsReady + buffer (bwd_mma.cuh, step_gradients); split d: kBarDsReady.
+  kBarDsReady = 2,
 };
 
 }  // namespace fa3::attn
