@@ -63,10 +63,10 @@ struct BwdConsumer {
     hopper::named_barrier_sync_unaligned(id, threads);
   }
   // Its other side for a warpgroup that only signals (its writes before it are visible to the
-  // threads that sync), unaligned for the same reason.
+  // threads that sync), unaligned for the same reason (d64's two code paths).
   __device__ __forceinline__ static void consumers_arrive(int id, int threads) {
     __syncwarp();
-    asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+    hopper::named_barrier_arrive_unaligned(id, threads);
   }
 
   // This thread's first key row of the block (its second is 8 further), first query column of the

@@ -47,6 +47,9 @@ __device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_barrier_arrive_unaligned(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Thread-block clusters. A kernel launched without a cluster runs as a cluster of one CTA, so
 // these work (and cost a CTA-wide barrier) there too.
