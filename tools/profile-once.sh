@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Device-side profiling of the forward (or, with BENCH_ARGS=--bwd, the backward) kernel on a few shapes: per-instruction stall samples and
-# a few whole-kernel metrics (tensor pipe, issue, per-SM active-cycle spread), summaries last.
+# Device-side profiling of the forward (or, with BENCH_ARGS=--bwd, the backward) kernel on a few
+# shapes: per-instruction stall samples and a few whole-kernel metrics (tensor pipe, issue, per-SM
+# active-cycle spread, shared-memory traffic), summaries last.
 #   run(command="FA3_BUILD=build/carry tools/profile-once.sh", carry=["build/carry"])  (tools/pack-build.sh)
 # Environment: SHAPES ("hdim:seqlen:causal ..."), BENCH_ARGS (more fa3-bench flags: --dtype e4m3), OUT, QUICK=1 (metrics only, no stall samples),
-# KEEP_SRC=1 (keep the per-instruction CSVs, e.g. to sum samples over address ranges), KERNEL (regex; fwd_kernel, or bwd_kernel with --bwd in BENCH_ARGS), SKIP (launches of it to skip; 1, or 2 with --bwd: fa3-bench alternates the backward's default and deterministic launches, so 2 samples the default one).
+# KEEP_SRC=1 (keep the per-instruction CSVs, e.g. to sum samples over address ranges), KERNEL (regex;
+# fwd_kernel, or bwd_kernel with --bwd in BENCH_ARGS), SKIP (launches of it to skip; 1, or 2 with
+# --bwd: fa3-bench alternates the backward's default and deterministic launches, so 2 samples the
+# default one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; B=${FA3_BUILD:-build/release}; mkdir -p "$OUT"
