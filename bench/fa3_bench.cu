@@ -83,6 +83,7 @@ struct Options {
   int warmup = 5, iters = 20;
   float softcap = 0.f;  // applied to every shape: scores s -> softcap * tanh(s / softcap); 0 = off
   bool ablation = false, tune = false, flush = true, bwd = false, host = false;
+  std::vector<int> bwd_modes{0, 1};  // --bwd: the deterministic values timed (interleaved)
   std::string json;
   std::string variant;  // --tune: only the variants whose name contains this (and the product)
 };
@@ -102,9 +103,10 @@ void usage() {
   std::puts(
       "fa3-bench [--hdim 64,128,256] [--seqlen 512,...,16384] [--causal 0,1] [--tokens 16384] [--hidden 2048]\n"
       "          [--batch B --heads H [--heads-kv HKV]] [--dtype bf16|fp16|e4m3] [--warmup 5] [--iters 20]\n"
-      "          [--softcap X] [--bwd] [--ablation] [--tune [--variant NAME]] [--no-flush] [--host] [--json FILE]\n"
+      "          [--softcap X] [--bwd [--bwd-modes 0,1]] [--ablation] [--tune [--variant NAME]] [--no-flush] [--host] [--json FILE]\n"
       "  --host: the host time of one fa3::forward call on tiny problems (no GPU wait in the loop)\n"
       "  --bwd: the backward (fa3_backward, default and deterministic) instead of the forward\n"
+      "  --bwd-modes 0,1: the backward's deterministic values to time, interleaved (0: default mode alone)\n"
       "  --softcap: scaled scores s -> X * tanh(s / X) in every run (0 = off); FLOPs are counted as without\n"
       "  --tune: time every tile variant compiled in (cmake -DFA3_BUILD_TUNE=ON) on --hdim/--seqlen/--causal\n"
       "  --variant NAME: with --tune, only the variants whose name contains NAME (beside the product)");
@@ -170,7 +172,7 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
   }
   // The backward: O and LSE from one forward per set, then dO and the gradients (the layouts of
   // O, Q, K, V) and the workspace; one BwdArgs per set and mode.
-  std::vector<fa3::BwdArgs> bwd_args[2];
+  std::vector<std::vector<fa3::BwdArgs>> bwd_args(o.bwd_modes.size());
   if (o.bwd) {
     for (int i = 0; i < sets; ++i) {
       fa3::FwdArgs& a = args[i];
@@ -203,15 +205,14 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(bytes, 16)));
       ba.workspace = ws;
       ba.workspace_bytes = bytes;
-      for (int det = 0; det < 2; ++det) {
-        ba.deterministic = det;
-        bwd_args[det].push_back(ba);
+      for (size_t mi = 0; mi < o.bwd_modes.size(); ++mi) {
+        ba.deterministic = o.bwd_modes[mi];
+        bwd_args[mi].push_back(ba);
       }
       bufs.insert(bufs.end(), {lse, dout, dq, dk, dv, ws});
     }
     variants.clear();
-    for (int det = 0; det < 2; ++det)
-      variants.push_back({det ? "backward deterministic" : "backward", nullptr});
+    for (int det : o.bwd_modes) variants.push_back({det ? "backward deterministic" : "backward", nullptr});
   }
   const char* name = "?";
   if (o.bwd) fa3::kernel_name(bwd_args[0][0], &name);
@@ -424,6 +425,7 @@ int main(int argc, char** argv) {
     else if (a == "--softcap") o.softcap = float(std::atof(next()));
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--bwd") o.bwd = true;
+    else if (a == "--bwd-modes") o.bwd_modes = parse_list(next());
     else if (a == "--tune") o.tune = true;
     else if (a == "--variant") o.variant = next();
     else if (a == "--no-flush") o.flush = false;

@@ -10,7 +10,9 @@
 // (default 300), FA3_RANDOM_CASE=I (only case I of seed S, as a failure message says).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <chrono>
 #include <cstdio>
@@ -469,28 +471,38 @@ TEST(BwdGpu, SinksGradient) {
   }
 }
 
+// Repeated runs of the deterministic mode: FA3_BWD_DETERMINISM_RUNS (default 100; the sanitizer
+// runs take fewer).
+int determinism_runs() {
+  const char* env = std::getenv("FA3_BWD_DETERMINISM_RUNS");
+  return env ? std::max(2, std::atoi(env)) : 100;
+}
+
 // Deterministic mode: bitwise identical gradients over repeated runs (the workspace refilled with
 // garbage in between), and still correct.
 TEST(BwdGpu, DeterministicIsBitwiseReproducible) {
   FA3_REQUIRE_GPU();
-  // Each dQ order (bwd_params.h): rotating (unmasked, key blocks <= query blocks), decreasing
-  // (causal), increasing (unmasked with more key blocks than query blocks).
+  // Each dQ order (bwd_params.h): rotating (unmasked, key blocks <= query blocks; also with one kv
+  // head), decreasing (causal), increasing (unmasked with more key blocks than query blocks).
   struct Shape {
     int dim, sq, sk;
     bool causal;
+    int heads_kv;
   };
-  for (const Shape& sh : {Shape{64, 2048, 2048, false}, Shape{128, 2048, 2048, true}, Shape{128, 300, 2100, false},
-                          Shape{64, 1500, 1000, true}, Shape{256, 1500, 1500, true}, Shape{256, 1024, 1024, false}}) {
+  const int runs = determinism_runs();
+  for (const Shape& sh : {Shape{64, 2048, 2048, false, 2}, Shape{128, 2048, 2048, true, 2}, Shape{128, 300, 2100, false, 2},
+                          Shape{64, 1500, 1000, true, 2}, Shape{256, 1500, 1500, true, 2}, Shape{256, 1024, 1024, false, 2},
+                          Shape{128, 2100, 2100, false, 1}}) {
     FwdCase c;
     c.head_dim = sh.dim;
     c.seqlen_q = sh.sq;
     c.seqlen_k = sh.sk;
     c.heads_q = 8;
-    c.heads_kv = 2;
+    c.heads_kv = sh.heads_kv;
     c.causal = sh.causal;
     BwdData d = make_bwd_data(c, 1);
     const Grads first = run_bwd(d);
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep + 1 < runs; ++rep) {
       d.workspace.fill_bytes(0x7F);
       const Grads again = run_bwd(d);
       EXPECT_TRUE(again.dq == first.dq) << c.name() << " dq differs on run " << rep + 2;
@@ -523,7 +535,7 @@ TEST(BwdGpu, DeterministicVarlenIsBitwiseReproducible) {
     c.causal = causal;
     BwdData d = make_bwd_data(c, 1);
     const Grads first = run_bwd(d);
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep + 1 < determinism_runs(); ++rep) {
       d.workspace.fill_bytes(0x7F);
       const Grads again = run_bwd(d);
       EXPECT_TRUE(again.dq == first.dq && again.dk == first.dk && again.dv == first.dv)

@@ -27,7 +27,7 @@ BwdWorkspace bwd_workspace_layout(const fa3_fwd_params& a, int block_m, int head
   w.delta = align(w.lse2 + rows * sizeof(float));
   w.dq_accum = align(w.delta + rows * sizeof(float));
   w.dq_semaphore = align(w.dq_accum + rows * head_dim_padded * sizeof(float));
-  w.bytes = align(w.dq_semaphore + rows / block_m * sizeof(int));
+  w.bytes = align(w.dq_semaphore + rows / block_m * kBwdDqSemaphoreStride * sizeof(int));
   return w;
 }
 

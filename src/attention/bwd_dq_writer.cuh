@@ -1,11 +1,17 @@
-// The dQ writer: one elected lane of the producer warpgroup's warp 1 takes the consumers' staged
+// The dQ writer: an elected lane of the producer warpgroup's warp 1 takes the consumers' staged
 // 64 x 64 dQ parts in the order they make them (BwdWalk; d128: both warpgroups' parts each step,
-// d64: the step's warpgroup, d256: two of each warpgroup) and reduce-adds each into the fp32 workspace with one
-// cp.reduce.async.bulk, off the consumers' path (FlashAttention-3 gives this to a warp of its own).
+// d64: the step's warpgroup, d256: two of each warpgroup) and reduce-adds each into the fp32
+// workspace with one cp.reduce.async.bulk, off the consumers' path (FlashAttention-3 gives this to a
+// warp of its own).
 // Deterministic mode: before a step's adds, the lane waits on the query block's semaphore for the
-// parts that come first (bwd_dq_adds_before), and releases the step's once its adds completed: when
-// it next has to wait anyway (its next part not staged yet, or the next query block's turn not
-// come), else after issuing the next step's adds.
+// key blocks that come first (bwd_dq_adds_before), and releases it once the adds completed. The
+// next key block waits for that release, so the time from an add's issue to its completion sits on
+// the chain of key blocks; a lane that also waited for it before taking its next step's parts was
+// held to one step per completion and staged late (deterministic mode at 0.55-0.8 of the default,
+// perf-log step 74; the throughputs put the completion near 3 us under the backward's own load). So
+// in deterministic mode warps 1-3 take the steps in turn: each waits for its turn (the adds stay in
+// order, as the staging rings' parities need), issues its step's adds, hands the turn on, and only
+// then waits for their completion and releases the semaphore while the other two issue.
 #pragma once
 #include <cuda/atomic>
 
@@ -21,18 +27,8 @@ struct BwdDqWriter {
   const BwdKernelParams& p;
   Smem smem;
 
-  // Deterministic mode: the semaphore of the last step's adds, released once they completed:
-  // `kOlder` = the groups of the current step waits only for those before them (the previous
-  // step's), so the writer never stalls on the adds it just issued.
-  template <int kOlder>
-  __device__ __forceinline__ static void release(const BwdKernelParams& p, int& pending) {
-    if (pending < 0) return;
-    hopper::ptx::cp_async_bulk_wait_group(hopper::ptx::n32_t<kOlder>{});
-    hopper::ptx::fence_proxy_async();  // the adds' async-proxy writes -> the release
-    cuda::atomic_ref<int, cuda::thread_scope_device>(p.dq_semaphore[pending])
-        .fetch_add(Cfg::kDqParts, cuda::memory_order_release);
-    pending = -1;
-  }
+  // Writer warps: one, or in deterministic mode kDeterministicWriters taking the steps in turn.
+  static constexpr int kDeterministicWriters = 3;
 
   // Part q of step `it` comes from warpgroup `wg` as its k-th staged part, in buffer k % kBuffers,
   // phase k / kBuffers % 2 of its ring: d128 a part per warpgroup; d64 the step's warpgroup; split
@@ -50,36 +46,37 @@ struct BwdDqWriter {
     }
   };
 
+  // Writer `writer` of `writers` (bwd_kernel.cuh) takes steps writer, writer + writers, ...
   template <bool kVarlen>
-  __device__ void run(int n_block, int kv_head, const SeqlenInfo<kVarlen>& seq) const {
+  __device__ void run(int n_block, int kv_head, const SeqlenInfo<kVarlen>& seq, int writer, int writers) const {
     if (!hopper::elect_one()) return;
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
     constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim, kBuffers = Cfg::kDqBuffers;
     constexpr uint32_t kPartBytes = Smem::kDqPartFloats * sizeof(float);
-    // Bulk groups a step commits: one for all its parts, or (a single staging buffer per
-    // warpgroup) one per part, each waited for before its buffer is released.
-    constexpr int kGroupsPerStep = kBuffers == 1 ? Cfg::kDqParts : 1;
-    int pending = -1;
+    // Several writers take turns (an mbarrier each, its j-th phase the writer's j-th step): the
+    // staging rings' full barriers are waited on by parity, which tells the awaited phase from the
+    // one before it only, so the steps' waits stay in order.
+    uint64_t* turn = smem.bars().dq_turn;
+    static_assert(sizeof(smem.bars().dq_turn) / sizeof(uint64_t) == kDeterministicWriters, "a turn per writer");
     auto cur = walk.begin();
-    for (int it = 0; it < walk.steps; ++it, walk.advance(cur)) {
+    for (int k = 0; k < writer; ++k) walk.advance(cur);
+    for (int it = writer; it < walk.steps; it += writers) {
       const int m = walk.m_block(cur);
       const int64_t row0 = bwd_ws_row0(p, seq, cur.head);
-      const int sem = int(row0 / kM + m);
+      int* const sem = p.dq_semaphore + (row0 / kM + m) * kBwdDqSemaphoreStride;
+      if (writers > 1) hopper::mbarrier_wait(&turn[writer], (it / writers) & 1);
 #pragma unroll
       for (int q = 0; q < Cfg::kDqParts; ++q) {
         const Staged s(it, q);
         auto& ring = smem.bars().dq[s.wg];
-        while (!hopper::ptx::mbarrier_try_wait_parity(&ring.full[s.st.index], s.st.phase))
-          if (p.deterministic) release<0>(p, pending);  // idle anyway: let the next key block go
+        while (!hopper::ptx::mbarrier_try_wait_parity(&ring.full[s.st.index], s.st.phase)) {
+        }
+        // One wait per step (one poll per part cost d256, whose single staging buffer per
+        // warpgroup waits for each part's add, 10-25%: perf-log step 74).
         if (p.deterministic && q == 0) {
-          const cuda::atomic_ref<int, cuda::thread_scope_device> count(p.dq_semaphore[sem]);
+          const cuda::atomic_ref<int, cuda::thread_scope_device> count(*sem);
           const int want = bwd_dq_adds_before<Cfg>(n_block, m, seq, p);
-          if (count.load(cuda::memory_order_acquire) < want) {
-            // Never wait while holding a release: with the rotating order the key blocks form a
-            // ring, and writers each waiting with their last add unreleased deadlock.
-            release<0>(p, pending);
-            while (count.load(cuda::memory_order_acquire) < want) __nanosleep(32);
-          }
+          while (count.load(cuda::memory_order_acquire) < want) __nanosleep(32);
           hopper::ptx::fence_proxy_async();  // the adds before ours (acquired) -> our bulk ops
         }
         float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + s.part * Smem::kDqPartFloats;
@@ -100,12 +97,14 @@ struct BwdDqWriter {
           smem.bars().dq[s.wg].consumer_release(s.st);
         }
       }
-      if (p.deterministic) {
-        release<kGroupsPerStep>(p, pending);  // the previous step's groups
-        pending = sem;
+      if (writers > 1) hopper::mbarrier_arrive(&turn[writer + 1 == writers ? 0 : writer + 1]);
+      if (p.deterministic) {  // the step's adds completed: the next key block may add
+        hopper::ptx::cp_async_bulk_wait_group(hopper::ptx::n32_t<0>{});
+        hopper::ptx::fence_proxy_async();  // the adds' async-proxy writes -> the release
+        cuda::atomic_ref<int, cuda::thread_scope_device>(*sem).fetch_add(1, cuda::memory_order_release);
       }
+      for (int k = 0; k < writers; ++k) walk.advance(cur);
     }
-    release<0>(p, pending);
     hopper::ptx::cp_async_bulk_wait_group(hopper::ptx::n32_t<0>{});  // before the CTA's smem goes away
   }
 };

@@ -1,7 +1,7 @@
-// The backward kernel's shell: one CTA per (key block, kv head, sequence), a producer
-// warpgroup (warp 0: the TMA lane; warp 1: the dQ writer lane) and two consumer warpgroups of 64
-// keys each; registers move from the
-// producer to the consumers as in the forward.
+// The backward kernel's shell: one CTA per (key block, kv head, sequence), a producer warpgroup
+// (warp 0: the TMA lane; warp 1, in deterministic mode warps 1-3: the dQ writer lanes) and two
+// consumer warpgroups of 64 keys each; registers move from the producer to the consumers as in the
+// forward.
 #pragma once
 #include "src/attention/bwd_config.h"
 #include "src/attention/bwd_dq_writer.cuh"
@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(BwdLaunchShape::kThreads, 1) bwd_kernel(const 
         hopper::mbarrier_init(&ring.full[b], hopper::kWarpgroupSize);  // a warpgroup's threads stage
         hopper::mbarrier_init(&ring.empty[b], 1);                      // the writer's lane releases
       }
+    for (auto& turn : bars.dq_turn) hopper::mbarrier_init(&turn, 1);  // the previous writer arrives
+    hopper::mbarrier_arrive(&bars.dq_turn[0]);                         // step 0 goes first
     hopper::mbarrier_init_fence();
   }
   __syncthreads();
@@ -47,7 +49,9 @@ __global__ void __launch_bounds__(BwdLaunchShape::kThreads, 1) bwd_kernel(const 
     hopper::setmaxnreg_dec<BwdLaunchShape::kProducerRegs>();
     const int warp = threadIdx.x / hopper::kWarpSize;
     if (warp == 0) BwdLoad<Cfg>{p, smem}.run(n_block, kv_head, seq);
-    if (warp == 1) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, seq);
+    using Writer = BwdDqWriter<Cfg>;
+    const int writers = p.deterministic ? Writer::kDeterministicWriters : 1;
+    if (warp >= 1 && warp <= writers) Writer{p, smem}.run(n_block, kv_head, seq, warp - 1, writers);
     return;
   }
   hopper::setmaxnreg_inc<BwdLaunchShape::kConsumerRegs>();

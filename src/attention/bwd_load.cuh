@@ -46,7 +46,7 @@ struct BwdWalk {
 };
 
 // The first row of (the tile's sequence, query head) in lse2 / delta / dq_accum (BwdWorkspaceRows);
-// its query block m's semaphore is row0 / kBlockM + m.
+// its query block m's semaphore is at (row0 / kBlockM + m) kBwdDqSemaphoreStride.
 template <bool kVarlen>
 __device__ __forceinline__ int64_t bwd_ws_row0(const BwdKernelParams& p, const SeqlenInfo<kVarlen>& seq, int head) {
   if constexpr (kVarlen) return p.ws_rows.row0(seq.batch, head, seq.q_row0());
@@ -60,8 +60,8 @@ __device__ __forceinline__ int bwd_n_block(const BwdKernelParams& p) {
   return p.deterministic && p.dq_order != kDqOrderIncreasing ? p.num_n_blocks - 1 - x : x;
 }
 
-// Deterministic mode: how many dQ parts of query block m must be added before key block n adds its
-// own (the order BwdDqOrder names).
+// Deterministic mode: how many key blocks add into query block m's dQ before key block n (the order
+// BwdDqOrder names).
 template <class Cfg, class Seq>
 __device__ __forceinline__ int bwd_dq_adds_before(int n, int m, const Seq& seq, const BwdKernelParams& p) {
   int count;
@@ -75,7 +75,7 @@ __device__ __forceinline__ int bwd_dq_adds_before(int n, int m, const Seq& seq, 
     const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(m, seq, p.fwd);
     count = p.dq_order == kDqOrderDecreasing ? r.n_max - 1 - n : n - r.n_min;
   }
-  return Cfg::kDqParts * count;
+  return count;
 }
 
 template <class Cfg>

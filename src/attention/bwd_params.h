@@ -35,7 +35,10 @@ struct BwdWorkspaceRows {
 //  - dq_accum: [m-blocks][kBlockM * d] fp32, each block's two 64 x 64 parts in the accumulator's
 //    register order (bwd_mma.cuh: element (register i, thread t) at i * 128 + t), so that a
 //    warpgroup stages and reduce-adds it without bank conflicts and as one contiguous bulk copy;
-//  - dq_semaphore: [m-blocks] int32, deterministic mode: how many dQ parts of the block were added.
+//  - dq_semaphore: [m-blocks] int32 kBwdDqSemaphoreStride apart, deterministic mode: how many key
+//    blocks' adds into the block's dQ completed. The writers of every SM poll them: 16 bytes apart
+//    (4 bytes apart, d64's deterministic mode ran ~5% slower: perf-log step 74).
+constexpr int kBwdDqSemaphoreStride = 4;
 struct BwdKernelParams {
   // The forward's parameters of the same problem: the Q, K, V maps (boxes of kBlockM / kBlockN
   // rows), lengths, masks and scales, so that SeqlenInfo and the block ranges serve both directions.

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kPrepostWarps * 32) bwd_preprocess_kernel(cons
   if (lane == 0) {
     p.lse2[row] = lse2;
     p.delta[row] = d;
-    if (r % p.block_m == 0) p.dq_semaphore[row / p.block_m] = 0;
+    if (r % p.block_m == 0) p.dq_semaphore[row / p.block_m * kBwdDqSemaphoreStride] = 0;
   }
   // Row r's share of the block's accumulator: blocks are permuted inside, so any equal split clears it.
   float* acc = p.dq_accum + row * p.head_dim_padded;

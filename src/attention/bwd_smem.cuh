@@ -40,6 +40,8 @@ struct BwdSmem {
     // Per consumer warpgroup, its dQ staging: full = the warpgroup's 128 threads wrote a part, empty =
     // the writer's bulk copy read it (bwd_dq_writer.cuh).
     hopper::PipelineBarriers<Cfg::kDqBuffers> dq[2];
+    // Deterministic mode's writer warps: writer w's turn to issue a step's adds (bwd_dq_writer.cuh).
+    uint64_t dq_turn[3];
   };
   static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;
   static_assert(kBytes <= 227 * 1024, "backward tile configuration exceeds 227 KB of shared memory");
