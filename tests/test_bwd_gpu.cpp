@@ -535,7 +535,7 @@ TEST(BwdGpu, DeterministicVarlenIsBitwiseReproducible) {
     c.causal = causal;
     BwdData d = make_bwd_data(c, 1);
     const Grads first = run_bwd(d);
-    for (int rep = 0; rep + 1 < determinism_runs(); ++rep) {
+    for (int rep = 0, runs = determinism_runs(); rep + 1 < runs; ++rep) {
       d.workspace.fill_bytes(0x7F);
       const Grads again = run_bwd(d);
       EXPECT_TRUE(again.dq == first.dq && again.dk == first.dk && again.dv == first.dv)

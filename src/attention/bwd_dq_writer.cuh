@@ -27,9 +27,6 @@ struct BwdDqWriter {
   const BwdKernelParams& p;
   Smem smem;
 
-  // Writer warps: one, or in deterministic mode kDeterministicWriters taking the steps in turn.
-  static constexpr int kDeterministicWriters = 3;
-
   // Part q of step `it` comes from warpgroup `wg` as its k-th staged part, in buffer k % kBuffers,
   // phase k / kBuffers % 2 of its ring: d128 a part per warpgroup; d64 the step's warpgroup; split
   // d the warpgroups' two parts each, interleaved (0, 2, 1, 3). `part` is its column block of dQ.
@@ -57,7 +54,6 @@ struct BwdDqWriter {
     // staging rings' full barriers are waited on by parity, which tells the awaited phase from the
     // one before it only, so the steps' waits stay in order.
     uint64_t* turn = smem.bars().dq_turn;
-    static_assert(sizeof(smem.bars().dq_turn) / sizeof(uint64_t) == kDeterministicWriters, "a turn per writer");
     auto cur = walk.begin();
     for (int k = 0; k < writer; ++k) walk.advance(cur);
     for (int it = writer; it < walk.steps; it += writers) {

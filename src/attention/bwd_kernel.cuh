@@ -49,9 +49,9 @@ __global__ void __launch_bounds__(BwdLaunchShape::kThreads, 1) bwd_kernel(const 
     hopper::setmaxnreg_dec<BwdLaunchShape::kProducerRegs>();
     const int warp = threadIdx.x / hopper::kWarpSize;
     if (warp == 0) BwdLoad<Cfg>{p, smem}.run(n_block, kv_head, seq);
-    using Writer = BwdDqWriter<Cfg>;
-    const int writers = p.deterministic ? Writer::kDeterministicWriters : 1;
-    if (warp >= 1 && warp <= writers) Writer{p, smem}.run(n_block, kv_head, seq, warp - 1, writers);
+    static_assert(BwdSmem<Cfg>::kDeterministicWriters <= 3, "the writers are warps 1-3 of the producer warpgroup");
+    const int writers = p.deterministic ? BwdSmem<Cfg>::kDeterministicWriters : 1;
+    if (warp >= 1 && warp <= writers) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, seq, warp - 1, writers);
     return;
   }
   hopper::setmaxnreg_inc<BwdLaunchShape::kConsumerRegs>();

@@ -16,6 +16,7 @@ struct BwdSmem {
   using QTile = hopper::SmemTile16<kM, kD>;   // Q and dO of a query block
   using DsTile = hopper::SmemTile16<kN, kM>;  // dS^T (and split d: P^T): rows keys, columns queries
   static constexpr int kDqPartFloats = 64 * 64;  // one dQ part (bwd_config.h)
+  static constexpr int kDeterministicWriters = 3;  // dQ writer warps in deterministic mode (bwd_dq_writer.cuh)
 
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + KTile::kBytes;
@@ -41,7 +42,7 @@ struct BwdSmem {
     // the writer's bulk copy read it (bwd_dq_writer.cuh).
     hopper::PipelineBarriers<Cfg::kDqBuffers> dq[2];
     // Deterministic mode's writer warps: writer w's turn to issue a step's adds (bwd_dq_writer.cuh).
-    uint64_t dq_turn[3];
+    uint64_t dq_turn[kDeterministicWriters];
   };
   static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;
   static_assert(kBytes <= 227 * 1024, "backward tile configuration exceeds 227 KB of shared memory");
