@@ -1038,14 +1038,17 @@ TEST(FwdGpu, DecodeSplitsAgreeWithOneSplit) {
 
 // Serving's call: packed query lengths (0 among them), a paged cache with random keys per sequence
 // (seqused_k), pages of 16 and 256, GQA 32:8, causal (speculative decoding) and not, guard rows.
+// Pages of 48 (three 16-row boxes a page, so a key block's boxes cross pages mid-block) and 32 on
+// the d256 and d64 decode tiles (64- and 128-key blocks).
 TEST(FwdGpu, DecodePagedVarlen) {
   FA3_REQUIRE_GPU();
   int n = 0;
-  for (int page : {16, 256, 64})
+  for (int page : {16, 256, 64, 48, 32})
     for (bool causal : {false, true}) {
       FwdCase c;
       c.batch = 5;
       c.page_size = page;
+      c.head_dim = page == 48 ? 256 : page == 32 ? 64 : 128;
       c.varlen_q = {1, 4, 0, 3, 1};
       c.varlen_k = {1000, 4, 37, 0, 2049};
       c.heads_q = 32;

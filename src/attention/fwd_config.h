@@ -122,8 +122,7 @@ struct FwdConfig<256, true> : TileConfig<256, 128, 64, 2, true, kFullSchedule & 
 // waste less of the GEMMs (a 128-row tile with 4 used rows computed 7x longer than its K/V took to
 // read at 64 x 4k keys); no pingpong with one warpgroup; 128 KB of K/V stages (one CTA per SM: the
 // bytes in flight per SM are what a memory-bound kernel needs; 192 KB in place of the unused O
-// tile, together with batched page-table reads, measured the same contiguous and 15% slower with
-// pages of 16: perf-log step 64). Other head
+// tile measured the same: perf-log step 64). Other head
 // dims run padded: d96 on the d128 tile, d192 (and 192/128) on the d256 tile (TMA zero-fills the
 // columns; no extra HBM traffic).
 constexpr int kDecodeSchedule = kFullSchedule & ~(kPingpong | kNarrowFirst);

@@ -5,32 +5,13 @@
 #include "src/attention/consumer.cuh"
 #include "src/attention/fwd_config.h"
 #include "src/attention/fwd_features.h"
+#include "src/attention/fwd_launch_shape.cuh"
 #include "src/attention/fwd_params.h"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/mainloop_load.cuh"
 #include "src/attention/v_transpose.cuh"
 
 namespace fa3::attn {
-
-template <class Cfg>
-struct FwdLaunchShape {
-  static constexpr int kConsumers = Cfg::kBlockM / 64;
-  static constexpr int kThreads = (kConsumers + 1) * hopper::kWarpgroupSize;
-  // Registers move from the TMA warpgroup to the consumers (FlashAttention-3's budgets). The
-  // consumers' setmaxnreg.inc draws only on what this CTA's warps released, not on the SM's
-  // unallocated registers, so from the launch share (65536 / threads, rounded down to 8) the
-  // producer must release at least what the consumers take: 32 / 240 with 2 consumers hung.
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  // One consumer (the decode tile): 256 threads get every register at launch, no moving them.
-  static constexpr bool kMoveRegs = kConsumers > 1;
-  // The V transposer's warps (e4m3) need more than 24 or 32: 56 / 224 balances with 2 consumers
-  // (the e4m3 consumers hold S, P and O in at most 168), 48 / 152 with 3.
-  static constexpr bool kTransposeV = FwdSmem<Cfg>::kTransposeV;
-  static constexpr int kProducerRegs = kTransposeV ? (kConsumers == 2 ? 56 : 48) : kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kTransposeV ? (kConsumers == 2 ? 224 : 152) : kConsumers == 2 ? 240 : 160;
-  static_assert(!kMoveRegs || kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
-                "setmaxnreg.inc would wait forever for registers");
-};
 
 template <class Elem, class Cfg, class Feat>
 __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelParams p) {

@@ -8,6 +8,7 @@
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_features.h"
+#include "src/attention/fwd_launch_shape.cuh"
 #include "src/attention/fwd_smem.cuh"
 #include "src/attention/seqlen_info.cuh"
 #include "src/attention/sink.cuh"
@@ -22,6 +23,14 @@ struct MainloopLoad {
   using Smem = FwdSmem<Cfg>;
   using Seq = SeqlenInfo<Feat::kVarlen>;
   using Rows = TileRows<Cfg::kBlockM, Feat::kSplit>;  // the decode kernel's pack-GQA rows
+  // A paged key block's page-table entries are read before its first box is issued where the
+  // producer keeps every register (the decode kernel): each TMA issue is ordered after the loads
+  // before it, so a read per box put a load latency and a division in front of each of the producer
+  // lane's issues, which with 16-row boxes (pages of 16) took longer than a block's HBM time
+  // (perf-log steps 64, 75). The producers that setmaxnreg leaves 24 or 32 registers spilled with
+  // even two entries ahead, and 40 of them cost the consumers up to 3% (step 75): they keep a read
+  // per box.
+  static constexpr bool kPageReadAhead = !FwdLaunchShape<Cfg>::kMoveRegs;
 
   const FwdKernelParams& p;
   Smem smem;
@@ -35,15 +44,23 @@ struct MainloopLoad {
   __device__ __forceinline__ void load_stage(const CUtensorMap* map, hopper::PipelineBarriers<kRing>& ring,
                                              hopper::PipelineState<kRing>& st, uint8_t* (Smem::*buffer)(int) const,
                                              int row, int head, int batch, Note&& note = {}) const {
+    uint8_t* dst = claim_stage<Tile>(ring, st, buffer, note);
+    hopper::tma_load_tile<Tile>(map, dst, row, head, batch, &ring.full[st.index]);
+    st.advance();
+  }
+  // Waits for the ring's buffer to be free, runs `note(stage)`, then publishes the bytes a Tile
+  // brings (the TMA loads that follow complete them); returns the buffer.
+  template <class Tile, int kRing, class Note>
+  __device__ __forceinline__ uint8_t* claim_stage(hopper::PipelineBarriers<kRing>& ring,
+                                                  const hopper::PipelineState<kRing>& st,
+                                                  uint8_t* (Smem::*buffer)(int) const, Note&& note) const {
     ring.producer_acquire(st);
     note(st.index);
     hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], Tile::kBytes);
-    hopper::tma_load_tile<Tile>(map, (smem.*buffer)(st.index), row, head, batch, &ring.full[st.index]);
-    st.advance();
+    return (smem.*buffer)(st.index);
   }
   // Key block n of a tile: rows from the sequence's first key row, or (paged KV) from the pages the
-  // page table names, a box of page_box_rows rows at a time. Boxes past the sequence's last key
-  // repeat its last box (rows the mask hides; page-table entries past the sequence are not read).
+  // page table names, a box of page_box_rows rows at a time.
   // `note(stage)` as load_stage's.
   template <class Tile, class Note = NoNote>
   __device__ __forceinline__ void load_keys(const CUtensorMap* map, hopper::PipelineBarriers<Cfg::kStages>& ring,
@@ -54,20 +71,44 @@ struct MainloopLoad {
       load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p), note);
       return;
     }
-    ring.producer_acquire(st);
-    note(st.index);
-    uint64_t* full = &ring.full[st.index];
-    hopper::mbarrier_arrive_expect_tx(full, Tile::kBytes);
-    uint8_t* dst = (smem.*buffer)(st.index);
-    const int* table = p.page_table + int64_t(seq.batch) * p.page_table_batch_stride;
-    const int box = p.page_box_rows, last = max(seq.seqlen_k(p) - 1, 0) / box * box;
-    // (An incremental form of this loop, one division per block and one table read per page,
-    // changed ptxas's schedule of the d128 and d256 consumers: -4% / +5% on the contiguous sweep;
-    // the decode kernel reading a block's table entries first, then its boxes (with deeper K/V
-    // stages), was 15% slower with pages of 16: perf-log step 64.)
-    for (int r = 0; r < Cfg::kBlockN; r += box) {
-      const int key = min(n * Cfg::kBlockN + r, last);
-      hopper::tma_load_tile_rows<Tile>(map, dst, r, key % p.page_size, kv_head, table[key / p.page_size], full);
+    auto table_row = [&] { return p.page_table + int64_t(seq.batch) * p.page_table_batch_stride; };
+    if constexpr (kPageReadAhead) {
+      // Box j holds keys [k0 + j box, ...): its table slot and its row in that page follow from
+      // the block's first key by additions (boxes divide pages). Boxes past the sequence's last
+      // key repeat its last box (rows the mask hides), so no table entry past the sequence is read.
+      const int box = p.page_box_rows, k0 = n * Cfg::kBlockN, keys = seq.seqlen_k(p);
+      auto next_box = [&](int j, int& slot, int& row) {
+        if (k0 + (j + 1) * box < keys && (row += box) == p.page_size) row = 0, ++slot;
+      };
+      // The block's entries are read before the wait for a free stage, whose time hides their
+      // latency. (Walking the rows again while issuing the boxes, to hold fewer registers, made the
+      // decode kernel's pages of 16 5-8% slower: the issue loop is on the refill's critical path.)
+      constexpr int kMaxBoxes = Cfg::kBlockN / 16;  // boxes are >= 16 rows (fwd_dispatch.cpp)
+      const int* table = table_row();
+      int slot = k0 / p.page_size, row = k0 - slot * p.page_size, pages[kMaxBoxes], rows[kMaxBoxes];
+#pragma unroll
+      for (int j = 0; j < kMaxBoxes; ++j) {
+        if (j * box >= Cfg::kBlockN) break;
+        pages[j] = table[slot];
+        rows[j] = row;
+        next_box(j, slot, row);
+      }
+      uint8_t* dst = claim_stage<Tile>(ring, st, buffer, note);
+#pragma unroll
+      for (int j = 0; j < kMaxBoxes; ++j) {
+        if (j * box >= Cfg::kBlockN) break;
+        hopper::tma_load_tile_rows<Tile>(map, dst, j * box, rows[j], kv_head, pages[j], &ring.full[st.index]);
+      }
+    } else {
+      // Boxes past the sequence's last key repeat its last box (see above).
+      uint8_t* dst = claim_stage<Tile>(ring, st, buffer, note);
+      const int* table = table_row();
+      const int box = p.page_box_rows, last = max(seq.seqlen_k(p) - 1, 0) / box * box;
+      for (int r = 0; r < Cfg::kBlockN; r += box) {
+        const int key = min(n * Cfg::kBlockN + r, last);
+        hopper::tma_load_tile_rows<Tile>(map, dst, r, key % p.page_size, kv_head, table[key / p.page_size],
+                                         &ring.full[st.index]);
+      }
     }
     st.advance();
   }
