@@ -65,8 +65,7 @@ struct BwdDqWriter {
       for (int q = 0; q < Cfg::kDqParts; ++q) {
         const Staged s(it, q);
         auto& ring = smem.bars().dq[s.wg];
-        while (!hopper::ptx::mbarrier_try_wait_parity(&ring.full[s.st.index], s.st.phase)) {
-        }
+        ring.consumer_wait(s.st);
         // One wait per step (one poll per part cost d256, whose single staging buffer per
         // warpgroup waits for each part's add, 10-25%: perf-log step 74).
         if (p.deterministic && q == 0) {
