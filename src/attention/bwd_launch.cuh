@@ -88,10 +88,13 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   FA3_TRY(sm_count(&sms));
   // Deterministic dQ order (bwd_params.h): masked problems walk their query blocks from the
   // diagonal, so later key blocks reach a query block first; unmasked ones all start at query
-  // block 0 unless rotated, which needs every key block of a head resident at once (one CTA per SM).
-  // Varlen kernels are masked ones (a sequence's n_blocks differ: no rotation).
-  p.dq_order = Feat::kMasked ? kDqOrderDecreasing
-               : (n_blocks <= m_blocks && n_blocks <= sms) ? kDqOrderRotating : kDqOrderIncreasing;
+  // block 0 unless rotated, which needs every key block of a (head, sequence) resident at once (one
+  // CTA per SM). Varlen: rotated per sequence where it has no more key blocks than query blocks,
+  // descending elsewhere (BwdSeqOrder); both launch from the last key block.
+  const bool rotate = n_blocks <= sms && (Feat::kVarlen || n_blocks <= m_blocks);
+  p.dq_order = f.has_mask() ? kDqOrderDecreasing
+               : rotate     ? kDqOrderRotating
+               : Feat::kVarlen ? kDqOrderDecreasing : kDqOrderIncreasing;
   if (n_blocks > 0) {
     FA3_TRY((hopper::launch<bwd_kernel<Elem, Cfg, Feat>>(dim3(n_blocks, a.heads_kv, a.batch), BwdLaunchShape::kThreads,
                                                         BwdSmem<Cfg>::kBytes, stream, p)));

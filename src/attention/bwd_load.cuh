@@ -11,6 +11,22 @@
 
 namespace fa3::attn {
 
+// Deterministic mode's dQ order within one sequence (bwd_params.h, BwdDqOrder). The rotation needs
+// at most as many key blocks as query blocks (every key block then starts at a query block of its
+// own); a varlen sequence with more keys than that takes the descending order, which the CTAs'
+// launch order (bwd_n_block) serves as well.
+struct BwdSeqOrder {
+  int order, n_blocks, m_blocks;  // the sequence's key and query blocks
+  template <class Cfg, class Seq>
+  __device__ __forceinline__ static BwdSeqOrder of(const Seq& seq, const BwdKernelParams& p) {
+    BwdSeqOrder o;
+    o.n_blocks = ceil_div(seq.seqlen_k(p.fwd), Cfg::kBlockN);
+    o.m_blocks = ceil_div(seq.seqlen_q(p.fwd), Cfg::kBlockM);
+    o.order = p.dq_order == kDqOrderRotating && o.n_blocks > o.m_blocks ? kDqOrderDecreasing : p.dq_order;
+    return o;
+  }
+};
+
 // The steps of a CTA, (query head, query block), in the order producer and consumers take them:
 // the query heads of the kv head one after another, each over the query blocks that see the keys,
 // from `first` (rotating order: n * M / N, wrapping) and otherwise from the range's start.
@@ -26,7 +42,11 @@ struct BwdWalk {
     m_min = r.n_min;
     blocks = max(0, r.n_max - r.n_min);
     steps = blocks * p.fwd.head_ratio;
-    first = p.deterministic && p.dq_order == kDqOrderRotating ? n * blocks / p.num_n_blocks : 0;
+    first = 0;
+    if (p.deterministic && p.dq_order == kDqOrderRotating) {  // unmasked: blocks is the sequence's M
+      const BwdSeqOrder o = BwdSeqOrder::of<Cfg>(seq, p);
+      if (o.order == kDqOrderRotating) first = n * blocks / o.n_blocks;
+    }
   }
   // A position of the walk, advanced step by step (no division in the loop).
   struct Cursor {
@@ -64,16 +84,17 @@ __device__ __forceinline__ int bwd_n_block(const BwdKernelParams& p) {
 // BwdDqOrder names).
 template <class Cfg, class Seq>
 __device__ __forceinline__ int bwd_dq_adds_before(int n, int m, const Seq& seq, const BwdKernelParams& p) {
+  const BwdSeqOrder o = BwdSeqOrder::of<Cfg>(seq, p);
   int count;
-  if (p.dq_order == kDqOrderRotating) {
+  if (o.order == kDqOrderRotating) {
     // Key block n starts at m0(n) = n M / N; query block m sees first the largest k with
     // m0(k) <= m, then k-1, ..., 0, N-1, ..., k+1.
-    const int N = p.num_n_blocks, M = p.seqlen_q_rounded / Cfg::kBlockM;
+    const int N = o.n_blocks, M = o.m_blocks;
     const int k = min(N - 1, ((m + 1) * N + M - 1) / M - 1);
     count = (k - n + N) % N;
   } else {
     const BlockRange r = block_range<Cfg::kBlockM, Cfg::kBlockN>(m, seq, p.fwd);
-    count = p.dq_order == kDqOrderDecreasing ? r.n_max - 1 - n : n - r.n_min;
+    count = o.order == kDqOrderDecreasing ? r.n_max - 1 - n : n - r.n_min;
   }
   return count;
 }

@@ -57,8 +57,9 @@ struct BwdKernelParams {
   // Deterministic mode's order of the key blocks adding into a query block's dQ (bwd_load.cuh):
   // kDqOrderIncreasing (n ascending; CTAs launched by key block), kDqOrderDecreasing (masked
   // problems: n descending, the order in which the key blocks reach a query block, CTAs launched
-  // from the last key block), kDqOrderRotating (unmasked, num_n_blocks <= m-blocks and <= the SMs:
-  // CTA n starts its walk at m-block n * M / N and wraps, CTAs launched from the last key block).
+  // from the last key block), kDqOrderRotating (unmasked, num_n_blocks <= the SMs, and per sequence
+  // key blocks N <= query blocks M (BwdSeqOrder): CTA n starts its walk at m-block n * M / N and
+  // wraps, CTAs launched from the last key block).
   int dq_order;
   int num_n_blocks;
   // Varlen (kept last: the fixed-length kernels' parameter offsets stay as they were).
