@@ -20,7 +20,8 @@ namespace fa3::attn {
 // A box is box_rows rows of box_heads heads (pack-GQA's Q, tile_rows.cuh), laid out rows fastest,
 // and 128 bytes of columns (one swizzle panel: 64 16-bit or 128 one-byte elements).
 inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataType dtype, const fa3_tensor& t,
-                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows, uint32_t box_heads = 1) {
+                            int head_dim, int seqlen, int heads, int batch, uint32_t box_rows, uint32_t box_heads = 1,
+                            CUtensorMapL2promotion l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   const uint64_t kElem = dtype == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
   uint64_t row = uint64_t(t.row_stride) * kElem, head = uint64_t(t.head_stride) * kElem,
            bat = uint64_t(t.batch_stride) * kElem;
@@ -33,7 +34,8 @@ inline Status make_bshd_map(CUtensorMap* map, const char* name, CUtensorMapDataT
                          t.data,
                          {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
                          {align16(row), align16(head), align16(bat)},
-                         {uint32_t(128 / kElem), box_rows, box_heads, 1}};
+                         {uint32_t(128 / kElem), box_rows, box_heads, 1},
+                         l2_promotion};
   const std::string err = hopper::encode_tma_map_4d(map, d);
   if (!err.empty()) return Status(FA3_ERROR_INTERNAL, std::string("TMA map for ") + name + ": " + err);
   return Status();

@@ -21,7 +21,7 @@ struct MapCache {
 bool same(const TmaMap4dDesc& a, const TmaMap4dDesc& b) {
   return a.dtype == b.dtype && a.element_bytes == b.element_bytes && a.base == b.base &&
          std::memcmp(a.dims, b.dims, sizeof a.dims) == 0 && std::memcmp(a.strides_bytes, b.strides_bytes, sizeof a.strides_bytes) == 0 &&
-         std::memcmp(a.box, b.box, sizeof a.box) == 0;
+         std::memcmp(a.box, b.box, sizeof a.box) == 0 && a.l2_promotion == b.l2_promotion;
 }
 }  // namespace
 
@@ -52,7 +52,7 @@ std::string encode_tma_map_4d_uncached(CUtensorMap* map, const TmaMap4dDesc& d) 
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode.fn(map, d.dtype, 4, const_cast<void*>(d.base), dims, strides, box, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            d.l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(static_cast<int>(r)) + " (dims " +
            std::to_string(d.dims[0]) + "x" + std::to_string(d.dims[1]) + "x" + std::to_string(d.dims[2]) + "x" +
