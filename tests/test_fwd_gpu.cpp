@@ -1297,6 +1297,50 @@ TEST(FwdGpu, CombineAgainstCpu) {
   EXPECT_NE(fa3::validate(c).message().find("head_dim"), std::string::npos);
 }
 
+// The combine's contract that a split of weight 0 is never read, where a read would leave the
+// allocation: the partial outputs hold splits 0 and 1 only, splits 2..5 have LSE -inf (and split
+// 0 also for row 1, so that the kernel's redirected loads have a split with keys to read). Plain
+// runs check the output; compute-sanitizer memcheck (tools/gpu-check.sh's filter) the reads.
+TEST(FwdGpu, CombineNeverReadsEmptySplits) {
+  FA3_REQUIRE_GPU();
+  constexpr int kSplits = 6, kRows = 2, kDim = 96;  // d96: lanes past the head dim in the first chunk
+  std::vector<float> o(size_t(2) * kRows * kDim), l(size_t(kSplits) * kRows, -INFINITY);
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd;
+  for (auto& x : o) x = nd(g);
+  l[0 * kRows + 0] = 0.7f;   // row 0: splits 0 and 1
+  l[1 * kRows + 0] = -0.4f;
+  l[1 * kRows + 1] = 1.3f;   // row 1: split 1 only
+  DeviceBuffer dop(o.size() * 4), dlp(l.size() * 4), dout(size_t(kRows) * kDim * 4);
+  dop.upload(o.data(), o.size() * 4);
+  dlp.upload(l.data(), l.size() * 4);
+  fa3::CombineArgs c;
+  c.out_dtype = FA3_DTYPE_FP32;
+  c.num_splits = kSplits;
+  c.batch = 1;
+  c.seqlen = kRows;
+  c.heads = 1;
+  c.head_dim = kDim;
+  c.out_partial = static_cast<const float*>(dop.get());
+  c.out_partial_split_stride = int64_t(kRows) * kDim;
+  c.out_partial_batch_stride = int64_t(kRows) * kDim;
+  c.out_partial_row_stride = c.out_partial_head_stride = kDim;
+  c.lse_partial = static_cast<const float*>(dlp.get());
+  c.lse_partial_split_stride = c.lse_partial_batch_stride = kRows;
+  c.lse_partial_row_stride = c.lse_partial_head_stride = 1;
+  c.out = {dout.get(), int64_t(kRows) * kDim, kDim, kDim};
+  const Status st = fa3::combine(c);
+  ASSERT_TRUE(st.ok()) << st.message();
+  std::vector<float> got(size_t(kRows) * kDim);
+  dout.download(got.data(), got.size() * 4);
+  const double lse0 = std::log(std::exp(0.7) + std::exp(-0.4));
+  for (int x = 0; x < kDim; ++x) {
+    const double want0 = std::exp(0.7 - lse0) * o[x] + std::exp(-0.4 - lse0) * o[size_t(kRows) * kDim + x];
+    EXPECT_NEAR(got[x], want0, 1e-5) << "row 0 column " << x;
+    EXPECT_NEAR(got[kDim + x], o[size_t(kRows) * kDim + kDim + x], 1e-5) << "row 1 column " << x;
+  }
+}
+
 // ------------------------------------------------------------------------ fp8 ----
 
 // The FP8 cases of the two tests below: lengths off the tiles (1, 17, 1000), causal, windows, GQA
