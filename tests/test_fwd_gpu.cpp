@@ -1298,9 +1298,10 @@ TEST(FwdGpu, CombineAgainstCpu) {
 }
 
 // The combine's contract that a split of weight 0 is never read, where a read would leave the
-// allocation: the partial outputs hold splits 0 and 1 only, splits 2..5 have LSE -inf (and split
-// 0 also for row 1, so that the kernel's redirected loads have a split with keys to read). Plain
-// runs check the output; compute-sanitizer memcheck (tools/gpu-check.sh's filter) the reads.
+// allocation: the partial outputs hold splits 0 and 1 only, splits 2..5 have LSE -inf, and row 1
+// has keys in split 1 alone (an empty split's load is redirected to the first split with keys,
+// which there is not split 0). Plain runs check the output; compute-sanitizer memcheck
+// (tools/gpu-check.sh's filter) the reads.
 TEST(FwdGpu, CombineNeverReadsEmptySplits) {
   FA3_REQUIRE_GPU();
   constexpr int kSplits = 6, kRows = 2, kDim = 96;  // d96: lanes past the head dim in the first chunk

@@ -13,8 +13,8 @@ namespace fa3::attn {
 
 // Deterministic mode's dQ order within one sequence (bwd_params.h, BwdDqOrder). The rotation needs
 // at most as many key blocks as query blocks (every key block then starts at a query block of its
-// own); a varlen sequence with more keys than that takes the descending order, which the CTAs'
-// launch order (bwd_n_block) serves as well.
+// own); a varlen sequence with more key blocks than query blocks takes the descending order, which
+// the CTAs' launch order (bwd_n_block) serves as well.
 struct BwdSeqOrder {
   int order, n_blocks, m_blocks;  // the sequence's key and query blocks
   template <class Cfg, class Seq>
