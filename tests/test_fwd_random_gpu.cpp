@@ -6,17 +6,21 @@
 //   FA3_RANDOM_SEED=S   the base seed (default: random; printed at start and in every failure)
 //   FA3_RANDOM_CASES=N  how many configurations (default 1000)
 //   FA3_RANDOM_CASE=I   run only configuration I of seed S (what a failure message says to run)
+//   FA3_RANDOM_CASE_TIMEOUT=T  seconds one case may take before the run counts as hung (default 60)
 // Case I's configuration and inputs depend only on (S, I), not on the cases before it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/api/dispatch.h"
@@ -234,6 +238,50 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
 
 enum class Outcome { kPass, kFail, kFatal };
 
+// A kernel that never finishes would leave the run waiting in cudaDeviceSynchronize with nothing
+// said: the watchdog names the case (its reproduce line) once one case has run past the limit, and
+// ends the process with a failure status (the stuck kernel leaves nothing else to do).
+class Watchdog {
+ public:
+  explicit Watchdog(double limit_s) : limit_s_(limit_s), thread_([this] { watch(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  // The case now running (what a hang report prints), its clock restarted.
+  void begin(std::string what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    what_ = std::move(what);
+    since_ = std::chrono::steady_clock::now();
+  }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::seconds(1));
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+      if (!stop_ && !what_.empty() && secs > limit_s_) {
+        std::fprintf(stderr, "[fa3 random] HUNG: one case has run for %.0f s (limit %.0f s): %s\n", secs, limit_s_,
+                     what_.c_str());
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    }
+  }
+  const double limit_s_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::string what_;
+  std::chrono::steady_clock::time_point since_;
+  std::thread thread_;  // last: it starts once the members it reads exist
+};
+
 // Where the run's time goes (seconds): building inputs, the two kernels, downloads and checks.
 struct Timers {
   double setup = 0, kernels = 0, checks = 0;
@@ -313,6 +361,8 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
   const unsigned seed = seeded ? static_cast<unsigned>(seed_ll) : std::random_device{}();
   env_long("FA3_RANDOM_CASES", &cases);
   const bool single = env_long("FA3_RANDOM_CASE", &only);
+  long long limit_s = 60;
+  env_long("FA3_RANDOM_CASE_TIMEOUT", &limit_s);
   std::printf("[fa3 random] FA3_RANDOM_SEED=%u FA3_RANDOM_CASES=%lld%s\n", seed, cases,
               single ? (" FA3_RANDOM_CASE=" + std::to_string(only)).c_str() : "");
   std::fflush(stdout);
@@ -323,6 +373,7 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
   std::map<std::string, int> covered;
   int failures = 0, run = 0;
   Timers timers;
+  Watchdog watchdog{static_cast<double>(limit_s)};
   for (long long i = single ? only : 0; i < (single ? only + 1 : cases); ++i) {
     std::seed_seq seq{seed, static_cast<unsigned>(i), 0x9e3779b9u};
     std::mt19937 engine(seq);
@@ -338,6 +389,8 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     if (c.window_left >= 0 || c.window_right >= 0) ++covered["window"];
     if (c.guard_rows) ++covered["guard rows"];
     if (c.heads_q != c.heads_kv) ++covered["gqa/mqa"];
+    watchdog.begin("FA3_RANDOM_SEED=" + std::to_string(seed) + " FA3_RANDOM_CASE=" + std::to_string(i) + "\n  " +
+                   c.name() + "\n  FwdCase c; " + c.repro());
     std::string why;
     const Outcome r = run_case(c, &why, &timers);
     ++run;
