@@ -84,6 +84,16 @@ struct MainloopMma {
     if constexpr (kUsePingpong)
       hopper::named_barrier_arrive(kBarSchedule + (consumer + 1) % kConsumers, 2 * hopper::kWarpgroupSize);
   }
+  // This warpgroup's four warps meet (the epilogue's barrier: only they use it, always all 128).
+  // Thread 0 gives a stage back for the warpgroup; where no wgmma has tied the warps together since
+  // their waits for that stage (a block walked past: skip_block), they meet first: else the
+  // producer could refill the stage while a warp is still before its wait, whose parity then names
+  // the refill's phase, the one after it, so that warp waits for a completion that needs it to go
+  // on (a hang, timing-dependent).
+  __device__ __forceinline__ void warpgroup_sync() const {
+    hopper::named_barrier_sync(kBarEpilogue + consumer, hopper::kWarpgroupSize);
+  }
+
   // Once per kernel: the last consumer gives the first turn to consumer 0.
   __device__ __forceinline__ void start_turns() const {
     if constexpr (kUsePingpong)
@@ -431,8 +441,10 @@ struct MainloopMma {
     bars.k.consumer_wait(k_st);
     turn_wait();
     turn_pass();
+    warpgroup_sync();  // no wgmma ties the warps here: each has waited before thread 0 releases
     release(bars.k, k_st);
     pv_ring().consumer_wait(v_st);
+    warpgroup_sync();
     release(pv_ring(), v_st);
   }
 
