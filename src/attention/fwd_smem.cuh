@@ -100,7 +100,7 @@ struct FwdSmem {
 // Named barrier ids (0 is __syncthreads).
 enum FwdBarrier : int {
   kBarSchedule = 2,   // + consumer index: pingpong turn to issue GEMMs (up to 3 consumers)
-  kBarEpilogue = 5,   // + consumer index: one warpgroup's O staging
+  kBarEpilogue = 5,   // + consumer index: one warpgroup's O staging, and its warps' meeting in skip_block
   kBarOInKV = 8,      // kOInKV: every consumer's GEMMs of the tile are done, the last K/V stages are free
 };
 
