@@ -476,7 +476,7 @@ int main(int argc, char** argv) {
         for (int s : o.seqlens) {
           std::vector<Variant> vs{product};
           for (const auto& v : fa3::bench::tune_variants())
-            if (v.head_dim == d && v.masked == (c != 0) && v.dtype == o.dtype &&
+            if (v.head_dim == d && v.masked == (c != 0) && v.dtype == o.dtype && v.softcap == (o.softcap != 0.f) &&
                 v.name.find(o.variant) != std::string::npos)
               vs.push_back({v.name, [&v](const fa3::FwdArgs& a) { return v.launch(fa3::detail::make_problem(a), nullptr); }});
           const int h = o.hidden / d, b = std::max(1, o.tokens / s);

@@ -13,8 +13,9 @@ using attn::TileConfig;
 template <class Cfg>
 using Fp8 = attn::Fp8Tile<Cfg>;
 
-// Both mask variants of one tile configuration (fwd_config.h's TileConfig) with its schedule flags.
-template <class Cfg, int kDtype = FA3_DTYPE_BF16>
+// Both mask variants of one tile configuration (fwd_config.h's TileConfig) with its schedule flags,
+// with or without softcap.
+template <class Cfg, int kDtype = FA3_DTYPE_BF16, bool kSoftcap = false>
 void add_variant(std::vector<TuneVariant>& v) {
   constexpr int kSched = Cfg::kSchedule;
   std::string name = std::to_string(Cfg::kBlockM) + "x" + std::to_string(Cfg::kBlockN) + (Cfg::kOInKV ? " O@KV" : "") +
@@ -22,9 +23,12 @@ void add_variant(std::vector<TuneVariant>& v) {
                      ((kSched & attn::kPingpong) ? " pp" : "") + ((kSched & attn::kLazyRescale) ? " lazy" : "") +
                      ((kSched & attn::kExpUnderPv) ? " xpv" : "") + ((kSched & attn::kCrossTile) ? " xtile" : "") +
                      ((kSched & attn::kNarrowFirst) ? " narrow" : "");
+  if (kSoftcap) name += " softcap";
   const auto dtype = static_cast<fa3_dtype>(kDtype);
-  v.push_back({name, Cfg::kHeadDim, false, dtype, &attn::launch_fwd<kDtype, Cfg, attn::FwdFeatures<false>>});
-  v.push_back({name, Cfg::kHeadDim, true, dtype, &attn::launch_fwd<kDtype, Cfg, attn::FwdFeatures<true>>});
+  v.push_back({name, Cfg::kHeadDim, false, dtype, kSoftcap,
+               &attn::launch_fwd<kDtype, Cfg, attn::FwdFeatures<false, kSoftcap>>});
+  v.push_back({name, Cfg::kHeadDim, true, dtype, kSoftcap,
+               &attn::launch_fwd<kDtype, Cfg, attn::FwdFeatures<true, kSoftcap>>});
 }
 
 void add_d64(std::vector<TuneVariant>& v);

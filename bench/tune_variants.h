@@ -17,6 +17,7 @@ struct TuneVariant {
   int head_dim;
   bool masked;
   fa3_dtype dtype;  // of the operands it runs on
+  bool softcap;     // compiled with the score modifier (runs only under --softcap)
   Status (*launch)(const detail::FwdProblem&, cudaStream_t);
 };
 
