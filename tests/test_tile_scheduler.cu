@@ -315,6 +315,30 @@ TEST(BwdLayout, DqAccumIndexMatchesTheAccumulator) {
   }
 }
 
+// The postprocess's 16-byte units: element j of unit u is (row, col + j), read from float j / 2 of
+// the even (j even) or odd vector; the units cover every slot of a block once, and units 2i and
+// 2i + 1 read the two halves of one 32-byte sector.
+TEST(BwdLayout, DqAccumOctetsCoverTheBlock) {
+  for (int d : {64, 128, 256}) {
+    std::vector<int> seen(64 * d, 0);
+    for (int u = 0; u < 64 * d / 8; ++u) {
+      const DqAccumOctet o(u, d / 8);
+      ASSERT_TRUE(o.row >= 0 && o.row < 64 && o.col >= 0 && o.col < d) << "d " << d << " unit " << u;
+      for (int j = 0; j < 8; ++j) {
+        const int at = 4 * (j % 2 ? o.odd : o.even) + j / 2;
+        ASSERT_EQ(at, dq_accum_index(o.row, o.col + j)) << "d " << d << " unit " << u;
+        ++seen[at];
+      }
+      if (u % 2 == 1) {
+        const DqAccumOctet first(u - 1, d / 8);
+        EXPECT_EQ(o.even, first.even + 1) << "d " << d << " unit " << u;
+        EXPECT_EQ(first.even % 2, 0) << "d " << d << " unit " << u;
+      }
+    }
+    for (int x : seen) ASSERT_EQ(x, 1);
+  }
+}
+
 // The FP8 kernel's V transposer on the CPU: every (d row, key position) of the V^T stage is
 // written exactly once, from the key the P fragments hold there (MmaE4m3::key_of_position); the
 // transposer's address parts add up to the tiles' swizzled offsets; each quarter warp's 16-byte

@@ -43,7 +43,6 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.seqlen_q_rounded = ws.seqlen_q_rounded;
   pp.head_dim_qk = a.head_dim_qk;
   pp.head_dim_v = a.head_dim_v;
-  pp.block_m = Cfg::kBlockM;
   pp.head_dim_padded = Cfg::kHeadDim;
   pp.scale = f.scale;
   pp.cu_seqlens_q = a.cu_seqlens_q;
@@ -51,8 +50,8 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.total_q = a.total_q;
   pp.ws_rows = ws.rows;
   if (ws.seqlen_q_rounded > 0) {
-    const dim3 grid((ws.seqlen_q_rounded + kPrepostWarps - 1) / kPrepostWarps, a.heads_q, a.batch);
-    FA3_TRY((hopper::launch<bwd_preprocess_kernel<Elem>>(grid, kPrepostWarps * 32, 0, stream, pp)));
+    FA3_TRY((hopper::launch<bwd_preprocess_kernel<Elem, Cfg::kBlockM>>(dim3(m_blocks, a.heads_q, a.batch),
+                                                                        kPrepostThreads, 0, stream, pp)));
   }
   if (b.dsinks != nullptr)  // from the LSE2 and D just written (sink_grad.h)
     FA3_TRY(launch_sink_grad(sink_grad_params(b, lse2, 1.f, delta, &ws.rows), stream));
@@ -100,7 +99,8 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
                                                         BwdSmem<Cfg>::kBytes, stream, p)));
   }
   if (m_blocks > 0) {
-    FA3_TRY((hopper::launch<bwd_postprocess_kernel<Elem>>(dim3(m_blocks, a.heads_q, a.batch), 256, 0, stream, pp)));
+    FA3_TRY((hopper::launch<bwd_postprocess_kernel<Elem, Cfg::kBlockM>>(dim3(m_blocks, a.heads_q, a.batch),
+                                                                         kPrepostThreads, 0, stream, pp)));
   }
   return Status();
 }

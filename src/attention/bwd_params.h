@@ -76,7 +76,7 @@ struct BwdPrepostParams {
   float* dq_accum;
   int* dq_semaphore;
   int heads_q, seqlen_q, seqlen_q_rounded, head_dim_qk, head_dim_v;
-  int block_m, head_dim_padded;  // the main kernel's tile (dq_accum's layout)
+  int head_dim_padded;  // the main kernel's tile (dq_accum's layout; its kBlockM is the kernels' template argument)
   float scale;
   // Varlen: the API's arrays (any of them null), total_q (LSE's row count with cu_seqlens_q).
   const int* cu_seqlens_q;

@@ -1,5 +1,5 @@
 // The backward's two small kernels around the main one (FlashAttention-2/3's split):
-//  - preprocess, one warp per query row: D = rowsum(dO * O) in fp32, LSE into the log2 domain the
+//  - preprocess, one CTA per query block: D = rowsum(dO * O) in fp32, LSE into the log2 domain the
 //    main kernel's exp2 wants, and the dQ accumulator and semaphores cleared (no memset, no host
 //    work: the whole backward is three launches a CUDA graph captures);
 //  - postprocess, one CTA per query block: dQ = scale * accumulator, converted to the output dtype.
@@ -25,7 +25,31 @@ __host__ __device__ __forceinline__ int dq_accum_index(int rr, int x) {
   return part * 64 * 64 + reg * 128 + thread;
 }
 
-constexpr int kPrepostWarps = 8;
+// Both kernels run a CTA of kPrepostThreads per (query block, head, sequence) and move 16 bytes
+// per access: they are bandwidth-bound, and at 1k tokens they took a quarter of the backward's time
+// when they ran at 1.3-3.4 TB/s (a warp per row with 2-byte loads, a one-element gather: perf-log
+// step 86).
+constexpr int kPrepostThreads = 256;
+
+// The postprocess's unit: the 8 dQ columns 8 oc .. 8 oc + 7 of one row of a query block. In the
+// accumulator tile (dq_accum_index) they are registers 4c + 2h (the even columns) and 4c + 2h + 1 (the
+// odd ones), c = oc % 8, of the four threads 32w + 4g .. + 3 of part oc / 8: two 16-byte vectors.
+// Rows g and g + 1 (g even) hold the two halves of one 32-byte sector, so units come in such pairs
+// (unit u: parity u & 1), and consecutive pairs walk a row's octets: a warp reads whole sectors and
+// writes whole row segments. (Lanes on 32 different rows, 16 bytes each, ran at half the
+// bandwidth: perf-log step 86.)
+struct DqAccumOctet {
+  int row, col;   // of its first element in the query block
+  int even, odd;  // float4 indices (in the block's tile) of its even and odd columns
+  __host__ __device__ __forceinline__ DqAccumOctet(int u, int octets_per_row) {
+    const int pair = (u >> 1) / octets_per_row, oc = (u >> 1) % octets_per_row;
+    const int w = pair / 8, h = (pair / 4) & 1, g = 2 * (pair % 4) + (u & 1);
+    row = 16 * w + g + 8 * h;
+    col = 8 * oc;
+    even = (64 * 64 * (oc / 8) + (4 * (oc % 8) + 2 * h) * 128 + 32 * w + 4 * g) / 4;
+    odd = even + 128 / 4;
+  }
+};
 
 // Sequence b's query rows as these kernels see them (runtime varlen: they are bandwidth-bound, one
 // branch costs nothing): its length, its first packed row, and where its rows lie in a Q-shaped
@@ -48,46 +72,72 @@ struct PrepostSeq {
 };
 
 // Rows past the sequence (up to its last block's end) get LSE2 = +inf and D = 0; varlen grids cover
-// the longest sequence, and a shorter one's warps past its last block leave.
-template <class T>
-__global__ void __launch_bounds__(kPrepostWarps * 32) bwd_preprocess_kernel(const BwdPrepostParams p) {
-  const int lane = threadIdx.x % 32, h = blockIdx.y, b = blockIdx.z;
-  const int r = blockIdx.x * kPrepostWarps + threadIdx.x / 32;
-  const PrepostSeq seq(p, b);
-  if (r >= (seq.len + p.block_m - 1) / p.block_m * p.block_m) return;
-  const int64_t row = p.ws_rows.row0(b, h, seq.row0) + r;
-  float d = 0.f, lse2 = INFINITY;
-  if (r < seq.len) {
-    const T* o = static_cast<const T*>(p.o.data) + seq.at(p, p.o, b, r, h);
-    const T* dout = static_cast<const T*>(p.dout.data) + seq.at(p, p.dout, b, r, h);
-    for (int x = lane; x < p.head_dim_v; x += 32) d += hopper::to_f32(o[x]) * hopper::to_f32(dout[x]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
-    const float lse = p.lse[seq.lse(p, b, r, h)];
-    // A row without a visible key has LSE -inf (and O = 0): +inf makes its P exactly 0.
-    if (lse != -INFINITY) lse2 = lse * 1.4426950408889634f;
-  }
-  if (lane == 0) {
-    p.lse2[row] = lse2;
-    p.delta[row] = d;
-    if (r % p.block_m == 0) p.dq_semaphore[row / p.block_m * kBwdDqSemaphoreStride] = 0;
-  }
-  // Row r's share of the block's accumulator: blocks are permuted inside, so any equal split clears it.
-  float* acc = p.dq_accum + row * p.head_dim_padded;
-  for (int x = lane; x < p.head_dim_padded; x += 32) acc[x] = 0.f;
-}
-
-template <class T>
-__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdPrepostParams p) {
+// the longest sequence, and a shorter one's blocks past its last leave. A row's d_v columns are
+// read by `lanes` consecutive threads (a power of two >= d_v / 8), 16 bytes each; the loads in
+// flight come from the CTAs an SM holds (few registers), not from unrolling.
+template <class T, int kBlockM>
+__global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const BwdPrepostParams p) {
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const PrepostSeq seq(p, b);
-  const int rows = min(p.block_m, seq.len - m * p.block_m);
+  if (m * kBlockM >= seq.len) return;
+  const int64_t block_row0 = p.ws_rows.row0(b, h, seq.row0) + int64_t(m) * kBlockM;
+  const int chunks = p.head_dim_v / 8;
+  const int lanes = chunks <= 1 ? 1 : 1 << (32 - __clz(chunks - 1));
+  const int chunk = threadIdx.x % lanes;
+#pragma unroll 2
+  for (int rr0 = 0; rr0 < kBlockM; rr0 += kPrepostThreads / lanes) {  // uniform: the shuffles need every lane
+    const int rr = rr0 + int(threadIdx.x) / lanes, r = m * kBlockM + rr;
+    float dot = 0.f;
+    if (rr < kBlockM && r < seq.len && chunk < chunks) {
+      auto chunk_of = [&](const fa3_tensor& t) {
+        return *reinterpret_cast<const uint4*>(static_cast<const T*>(t.data) + seq.at(p, t, b, r, h) + 8 * chunk);
+      };
+      float x[8], y[8];
+      hopper::to_float8<T>(chunk_of(p.o), x);
+      hopper::to_float8<T>(chunk_of(p.dout), y);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(x[e], y[e], dot);
+    }
+    for (int off = lanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, off);
+    if (chunk == 0 && rr < kBlockM) {
+      float lse2 = INFINITY;
+      if (r < seq.len) {
+        const float lse = p.lse[seq.lse(p, b, r, h)];
+        // A row without a visible key has LSE -inf (and O = 0): +inf makes its P exactly 0.
+        if (lse != -INFINITY) lse2 = lse * 1.4426950408889634f;
+      }
+      p.lse2[block_row0 + rr] = lse2;
+      p.delta[block_row0 + rr] = dot;
+    }
+  }
+  if (threadIdx.x == 0) p.dq_semaphore[block_row0 / kBlockM * kBwdDqSemaphoreStride] = 0;
+  // The block's accumulator (kBlockM x d_padded contiguous floats), 16 bytes a store.
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + block_row0 * p.head_dim_padded);
+  for (int i = threadIdx.x; i < kBlockM * p.head_dim_padded / 4; i += kPrepostThreads)
+    acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// dQ = scale * accumulator: each thread turns two 16-byte loads (DqAccumOctet) into one 16-byte
+// store of 8 consecutive columns.
+template <class T, int kBlockM>
+__global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const BwdPrepostParams p) {
+  static_assert(kBlockM == 64, "dq_accum's parts are 64 x 64 accumulator tiles");
+  const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const PrepostSeq seq(p, b);
+  const int rows = min(kBlockM, seq.len - m * kBlockM);
   if (rows <= 0) return;
-  const float* acc = p.dq_accum + (p.ws_rows.row0(b, h, seq.row0) + int64_t(m) * p.block_m) * p.head_dim_padded;
-  T* dq = static_cast<T*>(p.dq.data) + seq.at(p, p.dq, b, m * p.block_m, h);
-  for (int e = threadIdx.x; e < rows * p.head_dim_qk; e += blockDim.x) {
-    const int r = e / p.head_dim_qk, x = e % p.head_dim_qk;
-    dq[int64_t(r) * p.dq.row_stride + x] = hopper::from_f32<T>(p.scale * acc[dq_accum_index(r, x)]);
+  const float4* acc = reinterpret_cast<const float4*>(
+      p.dq_accum + (p.ws_rows.row0(b, h, seq.row0) + int64_t(m) * kBlockM) * p.head_dim_padded);
+  T* dq = static_cast<T*>(p.dq.data) + seq.at(p, p.dq, b, m * kBlockM, h);
+  const int octets = p.head_dim_padded / 8;
+#pragma unroll 4
+  for (int u = threadIdx.x; u < kBlockM * octets; u += kPrepostThreads) {
+    const DqAccumOctet o(u, octets);
+    if (o.row >= rows || o.col >= p.head_dim_qk) continue;
+    const float4 e = acc[o.even], d = acc[o.odd];
+    const float v[8] = {e.x * p.scale, d.x * p.scale, e.y * p.scale, d.y * p.scale,
+                        e.z * p.scale, d.z * p.scale, e.w * p.scale, d.w * p.scale};
+    *reinterpret_cast<uint4*>(dq + int64_t(o.row) * p.dq.row_stride + o.col) = hopper::from_float8<T>(v);
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include "src/api/status.h"
 #include "src/fp8/quantize_fp8.h"
+#include "src/hopper/elem.cuh"
 #include "src/hopper/launch.h"
 
 namespace fa3::fp8 {
@@ -23,22 +24,6 @@ namespace {
 
 constexpr int kChunkRows = 128;  // rows a CTA holds at once: 8 warps x 16
 constexpr int kWarps = kChunkRows / 16;
-
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
-__device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
-
-// One 16-byte load's 8 elements of T as floats.
-template <class T>
-__device__ __forceinline__ void to_float8(const uint4& raw, float (&x)[8]) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const T2* pairs = reinterpret_cast<const T2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = to_float2(pairs[i]);
-    x[2 * i] = f.x;
-    x[2 * i + 1] = f.y;
-  }
-}
 
 // CTAs per SM each lane width is built for: its registers (128 / 80 / 48 / 40), and no spills
 // (left to itself ptxas chose those counts with 16-48 bytes of spills at d128 and d256).
@@ -81,7 +66,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes>) quantize_k
     return raw;
   };
   auto transform = [&](const uint4& raw, float (&x)[8]) {
-    to_float8<T>(raw, x);
+    hopper::to_float8<T>(raw, x);
     if (!p.hadamard) return;
 #pragma unroll
     for (int e = 0; e < 8; ++e) x[e] *= sign[e];
