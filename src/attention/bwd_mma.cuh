@@ -386,25 +386,58 @@ struct BwdConsumer {
     dq_st.advance();
   }
 
-  // dK = scale * dK, dV: converted, 4-byte stores of column pairs; rows past seqlen_k and columns
-  // past the head dims are not written.
-  __device__ void store_dkdv(int n_block, int kv_head, const Seq& seq) const {
+  // dK = scale * dK and dV, converted, through this warpgroup's dQ staging buffers (free once the
+  // writer's bulk copies have read them): the fragments into a row-major tile, then 16-byte stores
+  // of whole row segments. (Stored from the fragments, each instruction put 16 bytes on each of 8
+  // rows, half of every 32-byte sector it touched: the pattern that halved the postprocess's
+  // bandwidth, perf-log step 86.) The tile's 16-byte chunks are XOR-swizzled by row % 8, so a
+  // warp's 4-byte fragment stores hit 32 banks. Split d stages dK and dV in turn (one buffer).
+  // Rows past seqlen_k and columns past the head dims are not written.
+  __device__ void store_dkdv(int n_block, int kv_head, const Seq& seq) {
+    constexpr int kChunks = kDkv / 8, kTileBytes = 64 * kDkv * 2;
+    static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
+    static_assert((kSplitD ? 1 : 2) * kTileBytes <= Cfg::kDqBuffers * Smem::kDqPartFloats * 4,
+                  "dK and dV fit this warpgroup's dQ staging");
+    auto& ring = smem.bars().dq[consumer];
+    for (int b = 0; b < Cfg::kDqBuffers; ++b) {
+      ring.producer_acquire(dq_st);
+      dq_st.advance();
+    }
+    const uint32_t stage = hopper::smem_u32(smem.dq(consumer, 0));  // a warpgroup's buffers are adjacent
     const FwdKernelParams& f = p.fwd;
-    const int j0 = key_row0(n_block);
-    auto base = [&](const fa3_tensor& t) {
-      return static_cast<Elem*>(t.data) + int64_t(seq.k_batch(f)) * t.batch_stride +
-             int64_t(seq.k_row0()) * t.row_stride + int64_t(kv_head) * t.head_stride;
-    };
-    Elem *dk_base = base(p.dk), *dv_base = base(p.dv);
+    const int key0 = n_block * kN + Cfg::kWgKeyOffset * consumer, col0 = kDkv * consumer * kSplitD;
+    auto offset = [](int row, int chunk) { return uint32_t(row * kDkv * 2 + (chunk ^ (row % 8)) * 16); };
+    auto stage_tile = [&](uint32_t tile, const float (&acc)[kDkv / 2], float scale) {
+      const int row0 = 16 * (thread / 32) + (thread % 32) / 4;
 #pragma unroll
-    for (int i = 0; i < kDkv / 2; i += 2) {
-      const int j = j0 + hopper::acc_row(i), c = kDkv * consumer * kSplitD + hopper::acc_col(i) + acc_col0();
-      if (j >= seq.seqlen_k(f)) continue;
-      if (c < f.head_dim_qk)
-        *reinterpret_cast<uint32_t*>(dk_base + int64_t(j) * p.dk.row_stride + c) =
-            Mma::pack(dk[i] * p.scale, dk[i + 1] * p.scale);
-      if (c < f.head_dim_v)
-        *reinterpret_cast<uint32_t*>(dv_base + int64_t(j) * p.dv.row_stride + c) = Mma::pack(dv[i], dv[i + 1]);
+      for (int i = 0; i < kDkv / 2; i += 2) {
+        const int row = row0 + hopper::acc_row(i), col = hopper::acc_col(i) + acc_col0();
+        hopper::st_shared_u32(tile + offset(row, col / 8) + 2 * (col % 8), Mma::pack(acc[i] * scale, acc[i + 1] * scale));
+      }
+    };
+    auto copy_out = [&](uint32_t tile, const fa3_tensor& t, int cols) {
+      Elem* base = static_cast<Elem*>(t.data) + int64_t(seq.k_batch(f)) * t.batch_stride +
+                   int64_t(seq.k_row0()) * t.row_stride + int64_t(kv_head) * t.head_stride;
+      for (int idx = thread; idx < 64 * kChunks; idx += hopper::kWarpgroupSize) {
+        const int row = idx / kChunks, chunk = idx % kChunks, j = key0 + row, c = col0 + 8 * chunk;
+        if (j >= seq.seqlen_k(f) || c >= cols) continue;
+        *reinterpret_cast<uint4*>(base + int64_t(j) * t.row_stride + c) = hopper::ld_shared_u32x4(tile + offset(row, chunk));
+      }
+    };
+    const int bar = kBarDkvStaged + consumer;
+    stage_tile(stage, dk, p.scale);
+    if constexpr (kSplitD) {
+      consumers_sync(bar, hopper::kWarpgroupSize);
+      copy_out(stage, p.dk, f.head_dim_qk);
+      consumers_sync(bar, hopper::kWarpgroupSize);  // every thread has read dK before dV overwrites it
+      stage_tile(stage, dv, 1.f);
+      consumers_sync(bar, hopper::kWarpgroupSize);
+      copy_out(stage, p.dv, f.head_dim_v);
+    } else {
+      stage_tile(stage + kTileBytes, dv, 1.f);
+      consumers_sync(bar, hopper::kWarpgroupSize);
+      copy_out(stage, p.dk, f.head_dim_qk);
+      copy_out(stage + kTileBytes, p.dv, f.head_dim_v);
     }
   }
 };

@@ -70,6 +70,8 @@ enum BwdBarrier : int {
   // Both consumers wrote their half of dS^T (256 threads). d64, d128: one per dS^T buffer,
   // kBarDsReady + buffer (bwd_mma.cuh, step_gradients); split d: kBarDsReady.
   kBarDsReady = 2,
+  // A consumer warpgroup's dK / dV staged for the output stores (128 threads): kBarDkvStaged + its index.
+  kBarDkvStaged = 4,
 };
 
 }  // namespace fa3::attn
