@@ -233,9 +233,6 @@ TEST(BlockRange, SplitsPartitionTheRange) {
       }
 }
 
-// The backward's dQ accumulator layout: the postprocess reads element (row, column) of a query
-// block where the consumer staged it (register i of thread t at part * 4096 + i * 128 + t, the
-// accumulator's own row/column formula), and every slot of a block is used exactly once.
 // The decode kernel's walk: every (m_block, tile head, split, batch) once, over any grid.
 TEST(TileScheduler, SplitWalkEveryTileExactlyOnce) {
   for (int grid : {1, 7, 132})
@@ -299,6 +296,9 @@ TEST(SplitPlan, AutomaticSplits) {
     }
 }
 
+// The backward's dQ accumulator layout: dq_accum_index places element (row, column) of a query
+// block where the consumer staged it (register i of thread t at part * 4096 + i * 128 + t, the
+// accumulator's own row/column formula), and every slot of a block is used exactly once.
 TEST(BwdLayout, DqAccumIndexMatchesTheAccumulator) {
   for (int d : {64, 128}) {
     std::vector<int> seen(64 * d, 0);

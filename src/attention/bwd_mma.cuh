@@ -408,7 +408,7 @@ struct BwdConsumer {
     const int key0 = n_block * kN + Cfg::kWgKeyOffset * consumer, col0 = kDkv * consumer * kSplitD;
     auto offset = [](int row, int chunk) { return uint32_t(row * kDkv * 2 + (chunk ^ (row % 8)) * 16); };
     auto stage_tile = [&](uint32_t tile, const float (&acc)[kDkv / 2], float scale) {
-      const int row0 = 16 * (thread / 32) + (thread % 32) / 4;
+      const int row0 = key_row0(n_block) - key0;
 #pragma unroll
       for (int i = 0; i < kDkv / 2; i += 2) {
         const int row = row0 + hopper::acc_row(i), col = hopper::acc_col(i) + acc_col0();
