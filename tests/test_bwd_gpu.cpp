@@ -196,32 +196,34 @@ void expect_grads(const BwdData& d, const Grads& g, const FwdCase& c, double tol
   if (c.sinks) expect_dsinks(g.dsinks, want.dsinks, want.dsinks_scale, c.name(), tol);
 }
 
-void check_bwd_case(const FwdCase& c, const char* want_kernel, double tol = 1e-2) {
-  SCOPED_TRACE(c.name());
-  BwdData d = make_bwd_data(c);
+void check_bwd_case(const FwdCase& c, const char* want_kernel, double tol = 1e-2, int deterministic = 0) {
+  SCOPED_TRACE(c.name() + (deterministic ? " deterministic" : ""));
+  BwdData d = make_bwd_data(c, deterministic);
   const char* name = nullptr;
   ASSERT_TRUE(fa3::kernel_name(d.args, &name).ok());
   EXPECT_STREQ(want_kernel, name) << c.name();
   expect_grads(d, run_bwd(d), c, tol);
 }
 
-// Every Hopper backward instantiation (dtype x head dim x mask x softcap; varlen below), by its
-// features.
+// Every Hopper backward instantiation (dtype x tile x mask x softcap; varlen below), by its
+// features: d256 has two tiles, the split d one for deterministic mode and the query-rows one.
 TEST(BwdGpu, EveryHopperInstantiation) {
   FA3_REQUIRE_GPU();
   for (fa3_dtype t : {FA3_DTYPE_BF16, FA3_DTYPE_FP16})
     for (int dim : {64, 128, 256})
-      for (bool causal : {false, true})
-        for (float cap : {0.f, 5.f}) {
-          FwdCase c;
-          c.dtype = t;
-          c.head_dim = dim;
-          c.seqlen_q = 300;
-          c.seqlen_k = 300;
-          c.causal = causal;
-          c.softcap = cap;
-          check_bwd_case(c, "hopper");
-        }
+      for (int deterministic : {0, 1})
+        for (bool causal : {false, true})
+          for (float cap : {0.f, 5.f}) {
+            if (deterministic && dim != 256) continue;  // the same tile as the default mode
+            FwdCase c;
+            c.dtype = t;
+            c.head_dim = dim;
+            c.seqlen_q = 300;
+            c.seqlen_k = 300;
+            c.causal = causal;
+            c.softcap = cap;
+            check_bwd_case(c, "hopper", 1e-2, deterministic);
+          }
 }
 
 TEST(BwdGpu, SeqlenGrid) {

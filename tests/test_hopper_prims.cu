@@ -1,7 +1,7 @@
 // The Hopper layer on its own: TMA round trip and the swizzle formula, one wgmma tile (SS and RS,
 // as the attention kernel uses them) against a CPU GEMM, the same for e4m3 (SS, RS with the e4m3
 // A-fragment layout, the e4m3 packing) and with an M-major A (the backward's transposed operands),
-// all through hopper::SmemTile; a TMA/mbarrier ring that wraps many times, and the same ring shared
+// an accumulator stored transposed by stmatrix, all through hopper::SmemTile; a TMA/mbarrier ring that wraps many times, and the same ring shared
 // by a 2-CTA cluster (multicast loads, remote releases).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -413,6 +413,62 @@ TEST(HopperPrims, WgmmaMMajorA) {
       err = std::max(err, std::fabs(acc - c[i * kNt + j]));
     }
   EXPECT_LT(err, 1e-3) << "SS wgmma with M-major A (transpose bit) disagrees with the CPU GEMM";
+}
+
+// ---- 2d. an accumulator stored transposed (stmatrix .trans: the backward's P^T, dS^T, dK, dV) ----
+// A warpgroup's m64n40 fragment (odd number of 8-column blocks: .x4 and the last by .x2) into a
+// [40][64] swizzled tile: tile A holds each element's fragment row, tile B its column (both exact
+// in bf16), so every element's position is checked.
+using TransTile = SmemTile16<40, 64>;
+
+__global__ void __launch_bounds__(128) store_transposed(uint16_t* rows_out, uint16_t* cols_out) {
+  __shared__ alignas(1024) uint8_t tiles[2][TransTile::kBytes];
+  const int w = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  uint32_t fr[5][2], fc[5][2];
+  auto bf16_pair = [](float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  };
+  for (int j = 0; j < 5; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const float row = float(16 * w + 8 * h + g), col = float(8 * j + 2 * t);
+      fr[j][h] = bf16_pair(row, row);
+      fc[j][h] = bf16_pair(col, col + 1.f);
+    }
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t base = smem_u32(tiles[k]);
+    store_fragment_transposed(k ? fc : fr, [base](int x, int r) { return base + TransTile::offset(x, r); },
+                              int(threadIdx.x));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 40 * 64; i += 128) {
+    const int x = i / 64, r = i % 64;
+    rows_out[i] = *reinterpret_cast<const uint16_t*>(tiles[0] + TransTile::offset(x, r));
+    cols_out[i] = *reinterpret_cast<const uint16_t*>(tiles[1] + TransTile::offset(x, r));
+  }
+}
+
+TEST(HopperPrims, AccumulatorStoredTransposed) {
+  FA3_REQUIRE_GPU();
+  DeviceBuffer drows(40 * 64 * 2), dcols(40 * 64 * 2);
+  drows.fill_bytes(0xFF);
+  dcols.fill_bytes(0xFF);
+  store_transposed<<<1, 128>>>(static_cast<uint16_t*>(drows.get()), static_cast<uint16_t*>(dcols.get()));
+  FA3_CUDA_CHECK(cudaGetLastError());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> rows(40 * 64), cols(40 * 64);
+  drows.download(rows.data(), rows.size() * 2);
+  dcols.download(cols.data(), cols.size() * 2);
+  int bad = 0;
+  for (int x = 0; x < 40; ++x)
+    for (int r = 0; r < 64; ++r) {
+      // Stored row x, column r holds fragment element (row r, column x).
+      const bool ok = rows[x * 64 + r] == ref::to_bf16_bits(float(r)) && cols[x * 64 + r] == ref::to_bf16_bits(float(x));
+      if (!ok && ++bad <= 5)
+        ADD_FAILURE() << "stored (" << x << ", " << r << ") holds fragment row " << ref::from_bf16_bits(rows[x * 64 + r])
+                      << ", column " << ref::from_bf16_bits(cols[x * 64 + r]);
+    }
+  EXPECT_EQ(bad, 0);
 }
 
 // ---- 3. a 2-stage TMA ring, one producer warp and one consumer warpgroup, wrapping 32 times ----

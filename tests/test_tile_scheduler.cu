@@ -339,6 +339,29 @@ TEST(BwdLayout, DqAccumOctetsCoverTheBlock) {
   }
 }
 
+// The query-rows tile's dQ^T adds (bwd_mma_query_rows.cuh, add_dq): register i of thread t of part
+// p's slice, fragment row = column 64 p + acc_row-based, fragment column = query row, lands at
+// dq_accum_index_transposed of that element = p * 4096 + (i / 4) * 512 + 4 t + i % 4; every slot
+// is used once; and the postprocess's float4 v holds the four elements DqAccumTransposedVec names.
+TEST(BwdLayout, DqAccumTransposedMatchesTheAddsAndThePostprocess) {
+  std::vector<int> seen(64 * 256, 0);
+  for (int part = 0; part < 4; ++part)
+    for (int t = 0; t < 128; ++t)
+      for (int i = 0; i < 32; ++i) {
+        const int col = 64 * part + 16 * (t / 32) + (t % 32) / 4 + hopper::acc_row(i);
+        const int row = hopper::acc_col(i) + 2 * (t % 4);
+        const int at = dq_accum_index_transposed(row, col);
+        ASSERT_EQ(at, part * 4096 + (i / 4) * 512 + 4 * t + i % 4) << "row " << row << " col " << col;
+        ++seen[at];
+      }
+  for (int x : seen) ASSERT_EQ(x, 1);
+  for (int v = 0; v < 1024; ++v) {
+    const DqAccumTransposedVec e(v);
+    for (int j = 0; j < 4; ++j)
+      ASSERT_EQ(dq_accum_index_transposed(e.row + j % 2, e.col + 8 * (j / 2)), 4 * v + j) << "vector " << v;
+  }
+}
+
 // The FP8 kernel's V transposer on the CPU: every (d row, key position) of the V^T stage is
 // written exactly once, from the key the P fragments hold there (MmaE4m3::key_of_position); the
 // transposer's address parts add up to the tiles' swizzled offsets; each quarter warp's 16-byte

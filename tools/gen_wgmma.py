@@ -9,8 +9,9 @@ import pathlib
 import sys
 
 # The N values in use: key-block widths (QK^T) and head dims (PV) of fwd_config.h and bench/tune_d*.cu;
-# 32: the d256 backward's S^T and dP^T (each consumer warpgroup takes half of a 64-query block).
-N_VALUES = [32, 64, 80, 96, 112, 128, 192, 256]
+# 32: the deterministic d256 backward's S^T and dP^T (each consumer warpgroup takes half of a
+# 64-query block); 40: the default d256 backward's S and dP (half of an 80-key block).
+N_VALUES = [32, 40, 64, 80, 96, 112, 128, 192, 256]
 # name: (PTX type, K of one wgmma, whether it has transpose immediates: 16-bit types only).
 TYPES = {"Bf16": ("bf16", "k16", True), "F16": ("f16", "k16", True), "E4m3": ("e4m3", "k32", False)}
 OUT = pathlib.Path(__file__).resolve().parent.parent / "src" / "hopper" / "wgmma_ops.cuh"

@@ -10,8 +10,10 @@
 //    warpgroups split the work: warpgroup c computes S^T and dP^T for queries 32c..32c+31 of the
 //    block (N = 32), both write P^T and dS^T to shared memory, and warpgroup c then owns columns
 //    128c..128c+127 of dK and dV (GEMMs over all 64 queries from shared memory) and dQ's parts
-//    2c and 2c+1 — FlashAttention-3's d256 split (it also keeps a single dO stage). Shared memory:
-//    K, V 32 KB each, Q 2 x 32 KB, dO 1 x 32 KB, P^T and dS^T 2 x 8 KB each, dQ staging 2 x 16 KB.
+//    2c and 2c+1 (one dO stage, as FlashAttention-3 keeps at d256). Shared memory: K, V 32 KB
+//    each, Q 2 x 32 KB, dO 1 x 32 KB, P^T and dS^T 2 x 8 KB each, dQ staging 2 x 16 KB. Since the
+//    query-rows tile below (the default mode's d256), it serves deterministic mode, whose ordered
+//    dQ adds need the staging.
 #pragma once
 
 namespace fa3::attn {
@@ -40,6 +42,30 @@ struct BwdConfig {
   static constexpr int kDqPartsPerWg = kSplitD ? 2 : 1;
   // Staging buffers per warpgroup for the dQ writer (a ring): two where shared memory allows.
   static constexpr int kDqBuffers = kSplitD ? 1 : 2;
+  static constexpr bool kQueryRows = false;     // rows of S / dP are keys (S^T = K Q^T)
+  static constexpr bool kPTile = kSplitD;       // P^T goes through shared memory
+  static constexpr bool kDqWriter = true;       // dQ parts staged for the writer warp's bulk adds
+};
+
+// d256 in the default (non-deterministic) mode: FlashAttention-3's d256 decomposition, rows are
+// queries. A CTA owns 80 keys; warpgroup c computes S = Q K^T and dP = dO V^T for all 64 queries of
+// the step and keys 40c..40c+39 (N = 40), writes P^T and dS^T to shared memory, and then owns head
+// dims 128c..128c+127 of the transposed gradients: dV^T += dO^T P and dK^T += Q^T dS (M = its 128
+// dims in two m64 blocks, N = 80 keys: 2 x 2 x 40 registers), dQ^T = K^T dS^T (two 64 x 64 slices,
+// reduce-added into the workspace from registers, the first under dK^T's GEMM). Against the split
+// d tile its GEMMs read a quarter less shared memory per FLOP (N = 40 / 80 instead of 32 / 64) and
+// its dQ leaves no staging in shared memory; the dQ adds bound it (perf-log step 88). Shared memory:
+// K, V 40 KB each, Q 2 x 32 KB, dO 32 KB, P^T and dS^T 2 x 10 KB each (216 KB): no room for dQ
+// staging, so its adds are unordered and deterministic mode keeps the split d tile.
+template <int kHeadDim_>
+struct BwdQueryRowsConfig {
+  static_assert(kHeadDim_ == 256, "the query-rows backward tile serves head dim 256");
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 80, kBlockM = 64, kStages = 2, kDoStages = 1;
+  static constexpr int kWgKeys = kBlockN / 2;    // S / dP columns of a warpgroup
+  static constexpr int kWgDims = kHeadDim / 2;   // dK^T / dV^T / dQ^T rows of a warpgroup
+  static constexpr bool kSplitD = false, kQueryRows = true, kPTile = true, kDqWriter = false;
+  static constexpr int kDqBuffers = 1;  // (the staging barriers' type only: nothing is staged)
 };
 // The padded head dim of the backward tile that serves head dims d_qk and d_v, 0 when none does.
 constexpr int bwd_padded_head_dim(int dqk, int dv) {

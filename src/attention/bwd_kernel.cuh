@@ -1,12 +1,13 @@
 // The backward kernel's shell: one CTA per (key block, kv head, sequence), a producer warpgroup
-// (warp 0: the TMA lane; warp 1, in deterministic mode warps 1-3: the dQ writer lanes) and two
-// consumer warpgroups of 64 keys each; registers move from the producer to the consumers as in the
-// forward.
+// (warp 0: the TMA lane; warp 1, in deterministic mode warps 1-3: the dQ writer lanes, where the
+// tile stages dQ) and two consumer warpgroups; registers move from the producer to the consumers as
+// in the forward.
 #pragma once
 #include "src/attention/bwd_config.h"
 #include "src/attention/bwd_dq_writer.cuh"
 #include "src/attention/bwd_load.cuh"
 #include "src/attention/bwd_mma.cuh"
+#include "src/attention/bwd_mma_query_rows.cuh"
 #include "src/attention/bwd_smem.cuh"
 
 namespace fa3::attn {
@@ -49,13 +50,17 @@ __global__ void __launch_bounds__(BwdLaunchShape::kThreads, 1) bwd_kernel(const 
     hopper::setmaxnreg_dec<BwdLaunchShape::kProducerRegs>();
     const int warp = threadIdx.x / hopper::kWarpSize;
     if (warp == 0) BwdLoad<Cfg>{p, smem}.run(n_block, kv_head, seq);
-    static_assert(BwdSmem<Cfg>::kDeterministicWriters <= 3, "the writers are warps 1-3 of the producer warpgroup");
-    const int writers = p.deterministic ? BwdSmem<Cfg>::kDeterministicWriters : 1;
-    if (warp >= 1 && warp <= writers) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, seq, warp - 1, writers);
+    if constexpr (Cfg::kDqWriter) {
+      static_assert(BwdSmem<Cfg>::kDeterministicWriters <= 3, "the writers are warps 1-3 of the producer warpgroup");
+      const int writers = p.deterministic ? BwdSmem<Cfg>::kDeterministicWriters : 1;
+      if (warp >= 1 && warp <= writers) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, seq, warp - 1, writers);
+    }
     return;
   }
   hopper::setmaxnreg_inc<BwdLaunchShape::kConsumerRegs>();
-  BwdConsumer<Elem, Cfg, Feat>(p, smem, wg - 1, int(threadIdx.x % hopper::kWarpgroupSize)).run(n_block, kv_head, seq);
+  // Rows are keys (BwdConfig) or queries (BwdQueryRowsConfig: the consumers add dQ themselves).
+  using Consumer = std::conditional_t<Cfg::kQueryRows, BwdQueryRowsConsumer<Elem, Cfg, Feat>, BwdConsumer<Elem, Cfg, Feat>>;
+  Consumer(p, smem, wg - 1, int(threadIdx.x % hopper::kWarpgroupSize)).run(n_block, kv_head, seq);
 }
 
 }  // namespace fa3::attn

@@ -44,6 +44,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.head_dim_qk = a.head_dim_qk;
   pp.head_dim_v = a.head_dim_v;
   pp.head_dim_padded = Cfg::kHeadDim;
+  pp.dq_accum_transposed = Cfg::kQueryRows;
   pp.scale = f.scale;
   pp.cu_seqlens_q = a.cu_seqlens_q;
   pp.seqused_q = a.seqused_q;
@@ -80,6 +81,10 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   p.seqlen_q_rounded = ws.seqlen_q_rounded;
   p.scale = f.scale;
   p.deterministic = b.deterministic != 0;
+  // The query-rows tile adds dQ unordered (bwd_config.h); the dispatch sends deterministic
+  // problems to the split d tile.
+  if (Cfg::kQueryRows && p.deterministic)
+    return Status(FA3_ERROR_INTERNAL, "hopper backward: deterministic mode reached the query-rows tile");
 
   const int n_blocks = (a.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   p.num_n_blocks = n_blocks;
@@ -108,7 +113,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
 }  // namespace fa3::attn
 
 // One explicit instantiation per generated file (see CMakeLists.txt).
-#define FA3_INSTANTIATE_BWD(DTYPE, MASKED, SOFTCAP, VARLEN, HEAD_DIM)                                     \
-  template fa3::Status fa3::attn::launch_bwd<DTYPE, fa3::attn::BwdConfig<HEAD_DIM>,                     \
+#define FA3_INSTANTIATE_BWD(DTYPE, MASKED, SOFTCAP, VARLEN, CONFIG, HEAD_DIM)                             \
+  template fa3::Status fa3::attn::launch_bwd<DTYPE, fa3::attn::CONFIG<HEAD_DIM>,                        \
                                              fa3::attn::FwdFeatures<MASKED, SOFTCAP, VARLEN>>(              \
       const fa3_bwd_params&, const fa3::detail::FwdProblem&, cudaStream_t);

@@ -77,6 +77,9 @@ struct BwdPrepostParams {
   int* dq_semaphore;
   int heads_q, seqlen_q, seqlen_q_rounded, head_dim_qk, head_dim_v;
   int head_dim_padded;  // the main kernel's tile (dq_accum's layout; its kBlockM is the kernels' template argument)
+  // dq_accum's block layout (bwd_prepost.cuh): dq_accum_index (the key-rows tiles' staged parts)
+  // or dq_accum_index_transposed (the query-rows tile's adds of dQ^T).
+  int dq_accum_transposed;
   float scale;
   // Varlen: the API's arrays (any of them null), total_q (LSE's row count with cu_seqlens_q).
   const int* cu_seqlens_q;

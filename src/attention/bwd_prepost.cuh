@@ -2,7 +2,8 @@
 //  - preprocess, one CTA per query block: D = rowsum(dO * O) in fp32, LSE into the log2 domain the
 //    main kernel's exp2 wants, and the dQ accumulator and semaphores cleared (no memset, no host
 //    work: the whole backward is three launches a CUDA graph captures);
-//  - postprocess, one CTA per query block: dQ = scale * accumulator, converted to the output dtype.
+//  - postprocess, one CTA per query block: dQ = scale * accumulator, converted to the output dtype
+//    (from either accumulator layout the main kernels write).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,6 +25,29 @@ __host__ __device__ __forceinline__ int dq_accum_index(int rr, int x) {
   const int thread = 32 * (rr / 16) + 4 * (rr % 8) + (cc % 8) / 2;
   return part * 64 * 64 + reg * 128 + thread;
 }
+
+// The query-rows tile's layout (bwd_mma_query_rows.cuh): part x / 64 holds a warpgroup's 64 x 64
+// slice of dQ^T (fragment row x % 64, fragment column = query row rr) in register order, four
+// consecutive registers per 16 bytes (one red.global.add.v4 of a thread): register i of thread t at
+// part * 4096 + (i / 4) * 512 + 4 t + i % 4.
+__host__ __device__ __forceinline__ int dq_accum_index_transposed(int rr, int x) {
+  const int part = x / 64, r = x % 64;
+  const int reg = 4 * (rr / 8) + 2 * ((r % 16) / 8) + (rr % 2);
+  const int thread = 32 * (r / 16) + 4 * (r % 8) + (rr % 8) / 2;
+  return part * 64 * 64 + (reg / 4) * 512 + 4 * thread + reg % 4;
+}
+
+// Float4 v of a part in that layout: thread v % 128's registers 4 (v / 128) .. + 3, i.e. elements
+// (row, col), (row + 1, col), (row, col + 8), (row + 1, col + 8) of dQ (rows queries, columns the
+// part's 64 head dims).
+struct DqAccumTransposedVec {
+  int row, col;
+  __host__ __device__ __forceinline__ explicit DqAccumTransposedVec(int v) {
+    const int t = v % 128;
+    row = 8 * (v / 128) + 2 * (t % 4);
+    col = 16 * (t / 32) + (t % 32) / 4;
+  }
+};
 
 // Both kernels run a CTA of kPrepostThreads per (query block, head, sequence) and move 16 bytes
 // per access: they are bandwidth-bound, and at 1k tokens they took a quarter of the backward's time
@@ -119,11 +143,16 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const B
     acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// dQ = scale * accumulator: each thread turns two 16-byte loads (DqAccumOctet) into one 16-byte
-// store of 8 consecutive columns.
+// dQ = scale * accumulator, 8 consecutive columns a 16-byte store. dq_accum_index: each thread
+// turns two 16-byte loads (DqAccumOctet) into one store. dq_accum_index_transposed: a part's
+// columns of one row lie 64 bytes apart, so each 64 x 64 part goes through shared memory, read
+// 16 bytes a thread in the layout's order and written to a [row][column] tile (rows padded to 68
+// floats: a warp's scattered stores hit 32 banks, rows stay 16-byte aligned).
 template <class T, int kBlockM>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const BwdPrepostParams p) {
   static_assert(kBlockM == 64, "dq_accum's parts are 64 x 64 accumulator tiles");
+  constexpr int kStride = 68;
+  __shared__ alignas(16) float tile[kBlockM * kStride];
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const PrepostSeq seq(p, b);
   const int rows = min(kBlockM, seq.len - m * kBlockM);
@@ -131,15 +160,42 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const 
   const float4* acc = reinterpret_cast<const float4*>(
       p.dq_accum + (p.ws_rows.row0(b, h, seq.row0) + int64_t(m) * kBlockM) * p.head_dim_padded);
   T* dq = static_cast<T*>(p.dq.data) + seq.at(p, p.dq, b, m * kBlockM, h);
+  auto store = [&](int row, int col, const float (&w)[8]) {
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = w[e] * p.scale;
+    *reinterpret_cast<uint4*>(dq + int64_t(row) * p.dq.row_stride + col) = hopper::from_float8<T>(v);
+  };
+  if (p.dq_accum_transposed) {  // uniform
+    for (int part = 0; part < p.head_dim_padded / 64; ++part) {
+      if (64 * part >= p.head_dim_qk) break;
+      for (int v = threadIdx.x; v < 64 * 64 / 4; v += kPrepostThreads) {
+        const DqAccumTransposedVec at(v);
+        const float4 e = acc[part * 64 * 64 / 4 + v];
+        tile[at.row * kStride + at.col] = e.x;
+        tile[(at.row + 1) * kStride + at.col] = e.y;
+        tile[at.row * kStride + at.col + 8] = e.z;
+        tile[(at.row + 1) * kStride + at.col + 8] = e.w;
+      }
+      __syncthreads();
+      for (int u = threadIdx.x; u < kBlockM * 8; u += kPrepostThreads) {
+        const int row = u / 8, col = 8 * (u % 8);
+        if (row >= rows || 64 * part + col >= p.head_dim_qk) continue;
+        const float4 lo = *reinterpret_cast<const float4*>(&tile[row * kStride + col]);
+        const float4 hi = *reinterpret_cast<const float4*>(&tile[row * kStride + col + 4]);
+        store(row, 64 * part + col, {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w});
+      }
+      __syncthreads();  // the tile is read before the next part overwrites it
+    }
+    return;
+  }
   const int octets = p.head_dim_padded / 8;
 #pragma unroll 4
   for (int u = threadIdx.x; u < kBlockM * octets; u += kPrepostThreads) {
     const DqAccumOctet o(u, octets);
     if (o.row >= rows || o.col >= p.head_dim_qk) continue;
     const float4 e = acc[o.even], d = acc[o.odd];
-    const float v[8] = {e.x * p.scale, d.x * p.scale, e.y * p.scale, d.y * p.scale,
-                        e.z * p.scale, d.z * p.scale, e.w * p.scale, d.w * p.scale};
-    *reinterpret_cast<uint4*>(dq + int64_t(o.row) * p.dq.row_stride + o.col) = hopper::from_float8<T>(v);
+    store(o.row, o.col, {e.x, d.x, e.y, d.y, e.z, d.z, e.w, d.w});
   }
 }
 

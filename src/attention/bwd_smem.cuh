@@ -23,14 +23,14 @@ struct BwdSmem {
   static constexpr int kOffQ = kOffV + KTile::kBytes;
   static constexpr int kOffDo = kOffQ + kStages * QTile::kBytes;
   // dS^T is double-buffered: a warpgroup writes the next block's half while the other may still
-  // read this block's in its dQ GEMM (one barrier per step instead of two). Split d: P^T too (both
-  // warpgroups read all of it for their dV columns).
+  // read this block's in its dQ GEMM (one barrier per step instead of two). Split d and query rows:
+  // P^T too (both warpgroups read all of it for their dV columns).
   static constexpr int kOffDs = kOffDo + kDoStages * QTile::kBytes;
   static constexpr int kOffP = kOffDs + 2 * DsTile::kBytes;
   // fp32 dQ staging: kDqBuffers per warpgroup (two let a warpgroup write the next part while the
   // writer warp's bulk copy still reads the last).
-  static constexpr int kOffDq = kOffP + (Cfg::kSplitD ? 2 * DsTile::kBytes : 0);
-  static constexpr int kOffLse = kOffDq + 2 * Cfg::kDqBuffers * kDqPartFloats * 4;
+  static constexpr int kOffDq = kOffP + (Cfg::kPTile ? 2 * DsTile::kBytes : 0);
+  static constexpr int kOffLse = kOffDq + (Cfg::kDqWriter ? 2 * Cfg::kDqBuffers * kDqPartFloats * 4 : 0);
   static constexpr int kOffDelta = kOffLse + kStages * kM * 4;
   static constexpr int kOffBarriers = kOffDelta + kDoStages * kM * 4;
 
@@ -67,8 +67,8 @@ struct BwdSmem {
 };
 
 enum BwdBarrier : int {
-  // Both consumers wrote their half of dS^T (256 threads). d64, d128: one per dS^T buffer,
-  // kBarDsReady + buffer (bwd_mma.cuh, step_gradients); split d: kBarDsReady.
+  // Both consumers wrote their half of dS^T (256 threads). d64, d128 and query rows: one per dS^T
+  // buffer, kBarDsReady + buffer (bwd_mma.cuh, step_gradients); split d: kBarDsReady.
   kBarDsReady = 2,
   // A consumer warpgroup's dK / dV staged for the output stores (128 threads): kBarDkvStaged + its index.
   kBarDkvStaged = 4,

@@ -98,6 +98,12 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
+// Four fp32 adds into 16 contiguous global bytes, performed in L2 (no value returned): one
+// REDG.128 instead of four (CCCL's red wrappers cover the cluster's shared memory only).
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
 // Ordinary shared-memory stores (st.shared, stmatrix) become visible to the async proxy (TMA, wgmma)
 // only after this fence in each writing thread, followed by a barrier.
 __device__ __forceinline__ void fence_view_async_shared() { ptx::fence_proxy_async(ptx::space_shared); }

@@ -73,4 +73,33 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uin
                : "memory");
 }
 
+// The same, each matrix stored transposed (.trans): register j's two elements (fragment row r,
+// columns 2c, 2c+1) land in rows 2c, 2c+1, column r, of the matrix whose stored rows lanes 8j..8j+7
+// address. An accumulator's 8-column block thus becomes 8 stored rows of 8 consecutive fragment rows.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+// Two matrices: lanes 0-15 give the row addresses.
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t smem_addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(smem_addr), "r"(r0), "r"(r1)
+               : "memory");
+}
+
+// A warpgroup's m64 accumulator, as 16-bit pairs frag[j][h] (register pair of rows 8h + g, columns
+// 8j + 2t, 8j + 2t + 1 of its warp's 16 rows: the accumulator's own order, acc_row / acc_col),
+// stored transposed: fragment column x becomes a stored row of 8 consecutive fragment rows whose
+// 16 bytes start at at(x, r), r the first of those rows (warp w's rows: 16w, 16w + 8). Two column
+// blocks per stmatrix.x4, an odd last one by .x2.
+template <int kChunks, class At>
+__device__ __forceinline__ void store_fragment_transposed(const uint32_t (&frag)[kChunks][2], At at, int thread) {
+  const int lane = thread % 32, r = lane % 8, mi = lane / 8, rows = 16 * (thread / 32) + 8 * (mi % 2);
+#pragma unroll
+  for (int j = 0; j + 1 < kChunks; j += 2)
+    stmatrix_x4_trans(at(8 * (j + mi / 2) + r, rows), frag[j][0], frag[j][1], frag[j + 1][0], frag[j + 1][1]);
+  if constexpr (kChunks % 2 == 1)  // lanes 0-15 address the last block's two matrices
+    stmatrix_x2_trans(at(8 * (kChunks - 1) + r, rows), frag[kChunks - 1][0], frag[kChunks - 1][1]);
+}
+
 }  // namespace fa3::hopper
