@@ -24,7 +24,9 @@
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_load.cuh"
 #include "src/attention/bwd_params.h"
+#include "src/attention/bwd_dkdv_store.cuh"
 #include "src/attention/bwd_smem.cuh"
+#include "src/attention/bwd_softmax.cuh"
 #include "src/attention/fwd_features.h"
 #include "src/hopper/arch.cuh"
 #include "src/hopper/wgmma.cuh"
@@ -116,12 +118,8 @@ struct BwdConsumer {
   // True when every (key, query) pair of this warpgroup's 64 keys and query block m is visible
   // (varlen: and every key is the sequence's).
   __device__ __forceinline__ bool fully_visible(int n_block, int m, const Seq& seq) const {
-    const FwdKernelParams& f = p.fwd;
-    const int off = seq.seqlen_k(f) - seq.seqlen_q(f);
-    const int j_lo = n_block * kN + Cfg::kWgKeyOffset * consumer, j_hi = j_lo + 63;
-    const int i_lo = m * kM + Cfg::kWgQueryOffset * consumer, i_hi = i_lo + kQ - 1;
-    return (f.window_right < 0 || j_hi <= i_lo + off + f.window_right) &&
-           (f.window_left < 0 || j_lo >= i_hi + off - f.window_left) && (!Feat::kVarlen || j_hi < seq.seqlen_k(f));
+    const int j_lo = n_block * kN + Cfg::kWgKeyOffset * consumer, i_lo = m * kM + Cfg::kWgQueryOffset * consumer;
+    return bwd_fully_visible<Feat::kVarlen>(p.fwd, seq, j_lo, j_lo + 63, i_lo, i_lo + kQ - 1);
   }
 
   // acc = (this warpgroup's 64 rows of the key-block tile at `keys`) x (its kQ rows of the query
@@ -333,37 +331,22 @@ struct BwdConsumer {
     stage_dq(dq[1]);
   }
 
-  // s (S^T) -> P^T: the bf16 fragments pa for dV, and P^T * dscore back in s for dS^T. Hidden
-  // pairs (kMask) get P = 0: key j of query q is visible iff off - left <= j - q <= off + right,
-  // and j - q is this thread's (j0 - q0) plus a per-register constant; varlen also hides keys
-  // j >= seqlen_k, i.e. register rows at or past seqlen_k - j0.
+  // s (S^T) -> P^T: the bf16 fragments pa for dV, and P^T * dscore back in s for dS^T; hidden
+  // pairs (kMask: BwdVisibility, register rows are keys) get P = 0.
   template <bool kMask>
   __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], uint32_t (&pa)[kQ / kK][4], const float2 (&lse)[kQ / 8], int n_block,
                                                 int m, const Seq& seq) const {
-    const FwdKernelParams& f = p.fwd;
-    int lo = 0, hi = 0, keys_left = 0;
-    if constexpr (kMask) {
-      const int off = seq.seqlen_k(f) - seq.seqlen_q(f), base = key_row0(n_block) - (m * kM + col0());
-      lo = f.window_left >= 0 ? off - f.window_left - base : INT_MIN / 2;
-      hi = f.window_right >= 0 ? off + f.window_right - base : INT_MAX / 2;
-      keys_left = seq.seqlen_k(f) - key_row0(n_block);
-    }
+    BwdVisibility<Feat::kVarlen> vis;
+    if constexpr (kMask) vis = BwdVisibility<Feat::kVarlen>(p.fwd, seq, key_row0(n_block), m * kM + col0());
 #pragma unroll
     for (int i = 0; i < kQ / 2; i += 2) {
       const float2 l = lse[i / 4];  // columns acc_col(i), + 1
       float pr[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float x = s[i + e], dscore = 1.f;
-        if constexpr (Feat::kSoftcap) {
-          x = hopper::tanh_approx(x * f.softcap_scale);
-          dscore = 1.f - x * x;  // d(c tanh(u / c)) / du
-        }
-        pr[e] = hopper::exp2_approx(fmaf(x, f.scale_log2, -(e ? l.y : l.x)));
-        if constexpr (kMask) {
-          const int rel = hopper::acc_row(i + e) - hopper::acc_col(i + e);
-          if (rel < lo || rel > hi || (Feat::kVarlen && hopper::acc_row(i + e) >= keys_left)) pr[e] = 0.f;
-        }
+        float dscore;
+        pr[e] = bwd_probability<Feat::kSoftcap>(s[i + e], e ? l.y : l.x, p.fwd, &dscore);
+        if (kMask && vis.hidden(hopper::acc_row(i + e), hopper::acc_col(i + e))) pr[e] = 0.f;
         s[i + e] = pr[e] * dscore;
       }
       pa[i / 8][(i / 2) % 4] = Mma::pack(pr[0], pr[1]);
@@ -387,15 +370,11 @@ struct BwdConsumer {
   }
 
   // dK = scale * dK and dV, converted, through this warpgroup's dQ staging buffers (free once the
-  // writer's bulk copies have read them): the fragments into a row-major tile, then 16-byte stores
-  // of whole row segments. (Stored from the fragments, each instruction put 16 bytes on each of 8
-  // rows, half of every 32-byte sector it touched: the pattern that halved the postprocess's
-  // bandwidth, perf-log step 86.) The tile's 16-byte chunks are XOR-swizzled by row % 8, so a
-  // warp's 4-byte fragment stores hit 32 banks. Split d stages dK and dV in turn (one buffer).
-  // Rows past seqlen_k and columns past the head dims are not written.
+  // writer's bulk copies have read them) as BwdStagedRows tiles: a warp's 4-byte fragment stores
+  // hit 32 banks. Split d stages dK and dV in turn (one buffer).
   __device__ void store_dkdv(int n_block, int kv_head, const Seq& seq) {
-    constexpr int kChunks = kDkv / 8, kTileBytes = 64 * kDkv * 2;
-    static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
+    using Rows = BwdStagedRows<kDkv * 2>;
+    constexpr int kTileBytes = 64 * kDkv * 2;
     static_assert((kSplitD ? 1 : 2) * kTileBytes <= Cfg::kDqBuffers * Smem::kDqPartFloats * 4,
                   "dK and dV fit this warpgroup's dQ staging");
     auto& ring = smem.bars().dq[consumer];
@@ -406,23 +385,16 @@ struct BwdConsumer {
     const uint32_t stage = hopper::smem_u32(smem.dq(consumer, 0));  // a warpgroup's buffers are adjacent
     const FwdKernelParams& f = p.fwd;
     const int key0 = n_block * kN + Cfg::kWgKeyOffset * consumer, col0 = kDkv * consumer * kSplitD;
-    auto offset = [](int row, int chunk) { return uint32_t(row * kDkv * 2 + (chunk ^ (row % 8)) * 16); };
     auto stage_tile = [&](uint32_t tile, const float (&acc)[kDkv / 2], float scale) {
       const int row0 = key_row0(n_block) - key0;
 #pragma unroll
       for (int i = 0; i < kDkv / 2; i += 2) {
         const int row = row0 + hopper::acc_row(i), col = hopper::acc_col(i) + acc_col0();
-        hopper::st_shared_u32(tile + offset(row, col / 8) + 2 * (col % 8), Mma::pack(acc[i] * scale, acc[i + 1] * scale));
+        hopper::st_shared_u32(tile + Rows::offset(row, col / 8) + 2 * (col % 8), Mma::pack(acc[i] * scale, acc[i + 1] * scale));
       }
     };
     auto copy_out = [&](uint32_t tile, const fa3_tensor& t, int cols) {
-      Elem* base = static_cast<Elem*>(t.data) + int64_t(seq.k_batch(f)) * t.batch_stride +
-                   int64_t(seq.k_row0()) * t.row_stride + int64_t(kv_head) * t.head_stride;
-      for (int idx = thread; idx < 64 * kChunks; idx += hopper::kWarpgroupSize) {
-        const int row = idx / kChunks, chunk = idx % kChunks, j = key0 + row, c = col0 + 8 * chunk;
-        if (j >= seq.seqlen_k(f) || c >= cols) continue;
-        *reinterpret_cast<uint4*>(base + int64_t(j) * t.row_stride + c) = hopper::ld_shared_u32x4(tile + offset(row, chunk));
-      }
+      Rows::template copy_out<64, Elem>(tile, t, f, seq, kv_head, key0, col0, cols, thread);
     };
     const int bar = kBarDkvStaged + consumer;
     stage_tile(stage, dk, p.scale);

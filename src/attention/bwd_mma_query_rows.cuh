@@ -20,7 +20,9 @@
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_load.cuh"
 #include "src/attention/bwd_params.h"
+#include "src/attention/bwd_dkdv_store.cuh"
 #include "src/attention/bwd_smem.cuh"
+#include "src/attention/bwd_softmax.cuh"
 #include "src/attention/fwd_features.h"
 #include "src/hopper/arch.cuh"
 #include "src/hopper/wgmma.cuh"
@@ -82,12 +84,8 @@ struct BwdQueryRowsConsumer {
   // True when every (query, key) pair of query block m and this warpgroup's keys is visible
   // (varlen: and every key is the sequence's).
   __device__ __forceinline__ bool fully_visible(int n_block, int m, const Seq& seq) const {
-    const FwdKernelParams& f = p.fwd;
-    const int off = seq.seqlen_k(f) - seq.seqlen_q(f);
-    const int j_lo = n_block * kN + kKeys * consumer, j_hi = j_lo + kKeys - 1;
-    const int i_lo = m * kM, i_hi = i_lo + kM - 1;
-    return (f.window_right < 0 || j_hi <= i_lo + off + f.window_right) &&
-           (f.window_left < 0 || j_lo >= i_hi + off - f.window_left) && (!Feat::kVarlen || j_hi < seq.seqlen_k(f));
+    const int j_lo = n_block * kN + kKeys * consumer;
+    return bwd_fully_visible<Feat::kVarlen>(p.fwd, seq, j_lo, j_lo + kKeys - 1, m * kM, m * kM + kM - 1);
   }
 
   // acc = (the query block at `block`) x (this warpgroup's kKeys rows of the key-block tile at
@@ -242,37 +240,22 @@ struct BwdQueryRowsConsumer {
     for (int i = 0; i < 32; i += 4) hopper::red_add_f32x4(at + 128 * i, dq[i], dq[i + 1], dq[i + 2], dq[i + 3]);
   }
 
-  // s (S) -> P: bf16 pairs pa for P^T's tile, and P * dscore back in s for dS. Hidden pairs (kMask)
-  // get P = 0: key j of query q is visible iff off - left <= j - q <= off + right, and j - q is
-  // this thread's (j0 - q0) plus a per-register constant; varlen also hides keys j >= seqlen_k.
+  // s (S) -> P: bf16 pairs pa for P^T's tile, and P * dscore back in s for dS; hidden pairs (kMask:
+  // BwdVisibility, register columns are keys) get P = 0.
   template <bool kMask>
   __device__ __forceinline__ void probabilities(float (&s)[kKeys / 2], uint32_t (&pa)[kKeys / 8][2], float2 lse,
                                                 int n_block, int m, const Seq& seq) const {
-    const FwdKernelParams& f = p.fwd;
-    int lo = 0, hi = 0, keys_left = 0;
-    if constexpr (kMask) {
-      const int off = seq.seqlen_k(f) - seq.seqlen_q(f), key0 = n_block * kN + key_col0();
-      const int base = key0 - (m * kM + row0());
-      lo = f.window_left >= 0 ? off - f.window_left - base : INT_MIN / 2;
-      hi = f.window_right >= 0 ? off + f.window_right - base : INT_MAX / 2;
-      keys_left = seq.seqlen_k(f) - key0;
-    }
+    BwdVisibility<Feat::kVarlen> vis;
+    if constexpr (kMask) vis = BwdVisibility<Feat::kVarlen>(p.fwd, seq, n_block * kN + key_col0(), m * kM + row0());
 #pragma unroll
     for (int i = 0; i < kKeys / 2; i += 2) {
       const float l = hopper::acc_row(i) ? lse.y : lse.x;
       float pr[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float x = s[i + e], dscore = 1.f;
-        if constexpr (Feat::kSoftcap) {
-          x = hopper::tanh_approx(x * f.softcap_scale);
-          dscore = 1.f - x * x;  // d(c tanh(u / c)) / du
-        }
-        pr[e] = hopper::exp2_approx(fmaf(x, f.scale_log2, -l));
-        if constexpr (kMask) {
-          const int rel = hopper::acc_col(i + e) - hopper::acc_row(i + e);
-          if (rel < lo || rel > hi || (Feat::kVarlen && hopper::acc_col(i + e) >= keys_left)) pr[e] = 0.f;
-        }
+        float dscore;
+        pr[e] = bwd_probability<Feat::kSoftcap>(s[i + e], l, p.fwd, &dscore);
+        if (kMask && vis.hidden(hopper::acc_col(i + e), hopper::acc_row(i + e))) pr[e] = 0.f;
         s[i + e] = pr[e] * dscore;
       }
       pa[i / 4][(i / 2) % 2] = Mma::pack(pr[0], pr[1]);
@@ -280,18 +263,16 @@ struct BwdQueryRowsConsumer {
   }
 
   // dK = scale * dK and dV, converted: once both warpgroups' last GEMMs have read K and V, their
-  // tiles hold this warpgroup's [keys][its head dims] row-major halves (16-byte chunks XOR-swizzled
-  // by row, so stmatrix's 8 rows hit 32 banks), stored out as whole row segments, 16 bytes a thread.
-  // Rows past seqlen_k and columns past the head dims are not written.
+  // tiles hold this warpgroup's [keys][its head dims] halves as BwdStagedRows tiles (stmatrix's 8
+  // rows hit 32 banks).
   __device__ void store_dkdv(int n_block, int kv_head, const Seq& seq) {
-    constexpr int kChunks = kDims / 8, kRowBytes = kDims * 2, kTileBytes = kN * kRowBytes;
+    using Rows = BwdStagedRows<kDims * 2>;
+    constexpr int kTileBytes = kN * kDims * 2;
     static_assert(2 * kTileBytes <= KTile::kBytes, "both warpgroups' halves fit K's (and V's) tile");
     consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);  // every GEMM of the walk read K and V
     const uint32_t k_stage = hopper::smem_u32(smem.k()) + consumer * kTileBytes;
     const uint32_t v_stage = hopper::smem_u32(smem.v()) + consumer * kTileBytes;
-    auto at = [](uint32_t tile) {
-      return [tile](int key, int dim) { return tile + key * kRowBytes + (((dim / 8) ^ (key % 8)) * 16); };
-    };
+    auto at = [](uint32_t tile) { return [tile](int key, int dim) { return tile + Rows::offset(key, dim / 8); }; };
     auto stage = [&](uint32_t tile, const float (&acc)[kDimBlocks][kN / 2], float scale) {
 #pragma unroll
       for (int b = 0; b < kDimBlocks; ++b) {
@@ -307,18 +288,8 @@ struct BwdQueryRowsConsumer {
     consumers_sync(kBarDkvStaged + consumer, hopper::kWarpgroupSize);
     const FwdKernelParams& f = p.fwd;
     const int key0 = n_block * kN, col0 = kDims * consumer;
-    auto copy_out = [&](uint32_t tile, const fa3_tensor& t, int cols) {
-      Elem* base = static_cast<Elem*>(t.data) + int64_t(seq.k_batch(f)) * t.batch_stride +
-                   int64_t(seq.k_row0()) * t.row_stride + int64_t(kv_head) * t.head_stride;
-      for (int idx = thread; idx < kN * kChunks; idx += hopper::kWarpgroupSize) {
-        const int row = idx / kChunks, chunk = idx % kChunks, j = key0 + row, c = col0 + 8 * chunk;
-        if (j >= seq.seqlen_k(f) || c >= cols) continue;
-        *reinterpret_cast<uint4*>(base + int64_t(j) * t.row_stride + c) =
-            hopper::ld_shared_u32x4(tile + row * kRowBytes + ((chunk ^ (row % 8)) * 16));
-      }
-    };
-    copy_out(k_stage, p.dk, f.head_dim_qk);
-    copy_out(v_stage, p.dv, f.head_dim_v);
+    Rows::template copy_out<kN, Elem>(k_stage, p.dk, f, seq, kv_head, key0, col0, f.head_dim_qk, thread);
+    Rows::template copy_out<kN, Elem>(v_stage, p.dv, f, seq, kv_head, key0, col0, f.head_dim_v, thread);
   }
 };
 
