@@ -166,31 +166,24 @@ struct BwdQueryRowsConsumer {
       hopper::fence_operand(dk[b]);
     }
     hopper::wgmma_fence();
-    // A = dO^T / Q^T: head-dim panel kDimBlocks c + b of the row block, read M-major (K = queries).
-    auto transposed_rows = [&](uint32_t block, int b) {
-      return hopper::make_smem_desc(block + QTile::panel_offset(kDimBlocks * consumer + b), QTile::kNMajorLbo,
-                                    QTile::kNMajorSbo);
+    // acc^T += block^T x (the P^T / dS^T tile at b): A = the row block's head-dim panels kDimBlocks c
+    // + i, read M-major (K = queries); B K-major. One committed group.
+    auto issue_transposed = [&](float (&acc)[kDimBlocks][kN / 2], uint32_t block, uint64_t b) {
+#pragma unroll
+      for (int i = 0; i < kDimBlocks; ++i) {
+        const uint64_t a = hopper::make_smem_desc(block + QTile::panel_offset(kDimBlocks * consumer + i),
+                                                  QTile::kNMajorLbo, QTile::kNMajorSbo);
+#pragma unroll
+        for (int kb = 0; kb < kM / kK; ++kb)
+          Mma::template Op<kN>::template ss<0, 1>(acc[i], hopper::desc_advance(a, QTile::template row_chunk_offset<kK>(kb)),
+                                                  hopper::desc_advance(b, DsTile::template k_chunk_offset<kK>(kb)), 1);
+      }
+      hopper::wgmma_commit();
     };
-#pragma unroll
-    for (int b = 0; b < kDimBlocks; ++b) {
-      const uint64_t a = transposed_rows(do_addr, b);
-#pragma unroll
-      for (int kb = 0; kb < kM / kK; ++kb)
-        Mma::template Op<kN>::template ss<0, 1>(dv[b], hopper::desc_advance(a, QTile::template row_chunk_offset<kK>(kb)),
-                                                hopper::desc_advance(bp, DsTile::template k_chunk_offset<kK>(kb)), 1);
-    }
-    hopper::wgmma_commit();
+    issue_transposed(dv, do_addr, bp);  // dV^T += dO^T P
     float dq[32];
     issue_dq_slice(dq, ds_tile, 0);
-#pragma unroll
-    for (int b = 0; b < kDimBlocks; ++b) {
-      const uint64_t a = transposed_rows(q_addr, b);
-#pragma unroll
-      for (int kb = 0; kb < kM / kK; ++kb)
-        Mma::template Op<kN>::template ss<0, 1>(dk[b], hopper::desc_advance(a, QTile::template row_chunk_offset<kK>(kb)),
-                                                hopper::desc_advance(bds, DsTile::template k_chunk_offset<kK>(kb)), 1);
-    }
-    hopper::wgmma_commit();
+    issue_transposed(dk, q_addr, bds);  // dK^T += Q^T dS
     float* acc = p.dq_accum + (bwd_ws_row0(p, seq, head) + int64_t(m) * kM) * kD;
     static_assert(kDimBlocks == 2, "dQ^T in two slices");
     // dV^T was the last reader of dO: its single stage goes back while dQ^T and dK^T run.
