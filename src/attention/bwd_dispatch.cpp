@@ -1,8 +1,7 @@
 // Routes a validated backward problem to the Hopper backward instantiation that serves it:
 // (dtype) x (padded head dim 64 / 128 / 256; 256 deterministic or not) x (masked) x (softcap) x
-// (varlen). Head-dim
-// pairs run on the tile of the larger padded dim (TMA zero-fills the missing columns, the stores
-// drop them).
+// (varlen). Head-dim pairs run on the tile of the larger padded dim (TMA zero-fills the missing
+// columns, the stores drop them).
 #include <string>
 
 #include "src/api/dispatch.h"

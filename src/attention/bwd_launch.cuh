@@ -19,6 +19,10 @@ using BwdElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16, __
 template <int kDtype, class Cfg, class Feat>
 Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStream_t stream) {
   using Elem = BwdElemOf<kDtype>;
+  // The query-rows tile adds dQ unordered (bwd_config.h); the dispatch sends deterministic
+  // problems to the split d tile.
+  if (Cfg::kQueryRows && b.deterministic)
+    return Status(FA3_ERROR_INTERNAL, "hopper backward: deterministic mode reached the query-rows tile");
   const fa3_fwd_params& a = b.fwd;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const BwdWorkspace ws = bwd_workspace_layout(a, Cfg::kBlockM, Cfg::kHeadDim);  // its size: checked by the API
@@ -81,10 +85,6 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   p.seqlen_q_rounded = ws.seqlen_q_rounded;
   p.scale = f.scale;
   p.deterministic = b.deterministic != 0;
-  // The query-rows tile adds dQ unordered (bwd_config.h); the dispatch sends deterministic
-  // problems to the split d tile.
-  if (Cfg::kQueryRows && p.deterministic)
-    return Status(FA3_ERROR_INTERNAL, "hopper backward: deterministic mode reached the query-rows tile");
 
   const int n_blocks = (a.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   p.num_n_blocks = n_blocks;
