@@ -16,8 +16,6 @@
 // would add is 0 and their dK/dV rows are not stored); varlen reads real rows there (the next
 // packed sequence, or past seqused_k), so the last key block masks them to P = 0.
 #pragma once
-#include <climits>
-#include <cmath>
 #include <type_traits>
 
 
@@ -57,19 +55,6 @@ struct BwdConsumer {
 
   __device__ __forceinline__ BwdConsumer(const BwdKernelParams& params, Smem s, int c, int t)
       : p(params), smem(s), consumer(c), thread(t) {}
-
-  // The consumers' barrier: d64's two warpgroups reach it from different instantiations of step
-  // (unaligned form), each warp converged after its mbarrier waits' per-thread spin loops.
-  __device__ __forceinline__ static void consumers_sync(int id, int threads) {
-    __syncwarp();
-    hopper::named_barrier_sync_unaligned(id, threads);
-  }
-  // Its other side for a warpgroup that only signals (its writes before it are visible to the
-  // threads that sync), unaligned for the same reason (d64's two code paths).
-  __device__ __forceinline__ static void consumers_arrive(int id, int threads) {
-    __syncwarp();
-    hopper::named_barrier_arrive_unaligned(id, threads);
-  }
 
   // This thread's first key row of the block (its second is 8 further), first query column of the
   // block (S^T, dP^T), and first column of its accumulator fragments.
@@ -236,8 +221,8 @@ struct BwdConsumer {
     // warpgroup whose dQ read it, after its own wait, or by the other one after its sync of the
     // step between, on a signal given after that dQ.)
     hopper::fence_view_async_shared();
-    if constexpr (kDqHere) consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
-    else consumers_arrive(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    if constexpr (kDqHere) bwd_consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    else bwd_consumers_arrive(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
     float dq[32];
     if constexpr (kDqHere) issue_dq_part(dq, buf, Cfg::kDqParts >= 2 ? consumer : 0);
 #pragma unroll
@@ -287,7 +272,7 @@ struct BwdConsumer {
                                                hopper::PipelineState<Cfg::kStages>& st) {
     static_assert(kDqHere && Cfg::kDqPartsPerWg == 2 && kDoRing, "split d: two dQ parts per warpgroup every step");
     hopper::fence_view_async_shared();
-    consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
+    bwd_consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
     hopper::fence_operand(dv);
     hopper::fence_operand(dk);
     hopper::wgmma_fence();
@@ -399,15 +384,15 @@ struct BwdConsumer {
     const int bar = kBarDkvStaged + consumer;
     stage_tile(stage, dk, p.scale);
     if constexpr (kSplitD) {
-      consumers_sync(bar, hopper::kWarpgroupSize);
+      bwd_consumers_sync(bar, hopper::kWarpgroupSize);
       copy_out(stage, p.dk, f.head_dim_qk);
-      consumers_sync(bar, hopper::kWarpgroupSize);  // every thread has read dK before dV overwrites it
+      bwd_consumers_sync(bar, hopper::kWarpgroupSize);  // every thread has read dK before dV overwrites it
       stage_tile(stage, dv, 1.f);
-      consumers_sync(bar, hopper::kWarpgroupSize);
+      bwd_consumers_sync(bar, hopper::kWarpgroupSize);
       copy_out(stage, p.dv, f.head_dim_v);
     } else {
       stage_tile(stage + kTileBytes, dv, 1.f);
-      consumers_sync(bar, hopper::kWarpgroupSize);
+      bwd_consumers_sync(bar, hopper::kWarpgroupSize);
       copy_out(stage, p.dk, f.head_dim_qk);
       copy_out(stage + kTileBytes, p.dv, f.head_dim_v);
     }

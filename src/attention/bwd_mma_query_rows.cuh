@@ -14,9 +14,6 @@
 // (their P and dS are 0); key rows past it are zero-filled by TMA for fixed lengths, and masked in
 // the last key block for varlen (they are the next packed sequence's rows).
 #pragma once
-#include <climits>
-#include <cmath>
-
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_load.cuh"
 #include "src/attention/bwd_params.h"
@@ -76,9 +73,10 @@ struct BwdQueryRowsConsumer {
   }
 
  private:
-  __device__ __forceinline__ static void consumers_sync(int id, int threads) {
-    __syncwarp();
-    hopper::named_barrier_sync_unaligned(id, threads);
+  // The per-row values (LSE2 or D) of this thread's two accumulator rows, row0() and row0() + 8.
+  __device__ __forceinline__ float2 row_pair(const float* rows) const {
+    const uint32_t at = hopper::smem_u32(rows) + 4 * row0();
+    return {__uint_as_float(hopper::ld_shared_u32(at)), __uint_as_float(hopper::ld_shared_u32(at + 32))};
   }
 
   // True when every (query, key) pair of query block m and this warpgroup's keys is visible
@@ -121,8 +119,7 @@ struct BwdQueryRowsConsumer {
     issue_block_times_keys(s, q_addr, smem.k());
     issue_block_times_keys(dp, do_addr, smem.v());
     // This thread's two rows' LSE2, read while the GEMMs run.
-    const uint32_t lse_at = hopper::smem_u32(smem.lse2(st.index)) + 4 * row0();
-    const float2 lse = {__uint_as_float(hopper::ld_shared_u32(lse_at)), __uint_as_float(hopper::ld_shared_u32(lse_at + 32))};
+    const float2 lse = row_pair(smem.lse2(st.index));
     hopper::wgmma_wait<1>();
     hopper::fence_operand(s);
 
@@ -136,8 +133,7 @@ struct BwdQueryRowsConsumer {
     hopper::fence_operand(dp);
 
     // dS = P (dP - D) into dS^T's tile.
-    const uint32_t d_at = hopper::smem_u32(smem.delta(do_st.index)) + 4 * row0();
-    const float2 delta = {__uint_as_float(hopper::ld_shared_u32(d_at)), __uint_as_float(hopper::ld_shared_u32(d_at + 32))};
+    const float2 delta = row_pair(smem.delta(do_st.index));
     uint32_t da[kKeys / 8][2];
 #pragma unroll
     for (int i = 0; i < kKeys / 2; i += 2) {
@@ -149,7 +145,7 @@ struct BwdQueryRowsConsumer {
     // is written again two steps later, after both warpgroups passed the barrier of the step
     // between, which each reaches only after its GEMMs of this step completed.
     hopper::fence_view_async_shared();
-    consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    bwd_consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
     gradients(buf, q_addr, do_addr, head, m, seq, st);
   }
 
@@ -262,23 +258,22 @@ struct BwdQueryRowsConsumer {
     using Rows = BwdStagedRows<kDims * 2>;
     constexpr int kTileBytes = kN * kDims * 2;
     static_assert(2 * kTileBytes <= KTile::kBytes, "both warpgroups' halves fit K's (and V's) tile");
-    consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);  // every GEMM of the walk read K and V
+    bwd_consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);  // every GEMM of the walk read K and V
     const uint32_t k_stage = hopper::smem_u32(smem.k()) + consumer * kTileBytes;
     const uint32_t v_stage = hopper::smem_u32(smem.v()) + consumer * kTileBytes;
-    auto at = [](uint32_t tile) { return [tile](int key, int dim) { return tile + Rows::offset(key, dim / 8); }; };
     auto stage = [&](uint32_t tile, const float (&acc)[kDimBlocks][kN / 2], float scale) {
 #pragma unroll
       for (int b = 0; b < kDimBlocks; ++b) {
         uint32_t frag[kN / 8][2];
 #pragma unroll
         for (int i = 0; i < kN / 2; i += 2) frag[i / 4][(i / 2) % 2] = Mma::pack(acc[b][i] * scale, acc[b][i + 1] * scale);
-        const auto tile_at = at(tile);
-        hopper::store_fragment_transposed(frag, [&](int key, int dim) { return tile_at(key, 64 * b + dim); }, thread);
+        hopper::store_fragment_transposed(frag, [=](int key, int dim) { return tile + Rows::offset(key, (64 * b + dim) / 8); },
+                                          thread);
       }
     };
     stage(k_stage, dk, p.scale);
     stage(v_stage, dv, 1.f);
-    consumers_sync(kBarDkvStaged + consumer, hopper::kWarpgroupSize);
+    bwd_consumers_sync(kBarDkvStaged + consumer, hopper::kWarpgroupSize);
     const FwdKernelParams& f = p.fwd;
     const int key0 = n_block * kN, col0 = kDims * consumer;
     Rows::template copy_out<kN, Elem>(k_stage, p.dk, f, seq, kv_head, key0, col0, f.head_dim_qk, thread);

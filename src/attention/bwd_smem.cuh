@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "src/hopper/arch.cuh"
 #include "src/hopper/mbarrier.cuh"
 #include "src/hopper/smem_tile.cuh"
 
@@ -73,5 +74,18 @@ enum BwdBarrier : int {
   // A consumer warpgroup's dK / dV staged for the output stores (128 threads): kBarDkvStaged + its index.
   kBarDkvStaged = 4,
 };
+
+// The consumers' barrier: d64's two warpgroups reach it from different instantiations of their
+// step (unaligned form), each warp converged after its mbarrier waits' per-thread spin loops.
+__device__ __forceinline__ void bwd_consumers_sync(int id, int threads) {
+  __syncwarp();
+  hopper::named_barrier_sync_unaligned(id, threads);
+}
+// Its other side for a warpgroup that only signals (its writes before it are visible to the
+// threads that sync), unaligned for the same reason (d64's two code paths).
+__device__ __forceinline__ void bwd_consumers_arrive(int id, int threads) {
+  __syncwarp();
+  hopper::named_barrier_arrive_unaligned(id, threads);
+}
 
 }  // namespace fa3::attn
