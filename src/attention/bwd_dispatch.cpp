@@ -1,7 +1,6 @@
 // Routes a validated backward problem to the Hopper backward instantiation that serves it:
-// (dtype) x (padded head dim 64 / 128 / 256; 256 deterministic or not) x (masked) x (softcap) x
-// (varlen). Head-dim pairs run on the tile of the larger padded dim (TMA zero-fills the missing
-// columns, the stores drop them).
+// (dtype) x (padded head dim 64 / 128 / 256) x (masked) x (softcap) x (varlen). Head-dim pairs run
+// on the tile of the larger padded dim (TMA zero-fills the missing columns, the stores drop them).
 #include <string>
 
 #include "src/api/dispatch.h"
@@ -51,10 +50,7 @@ Status by_head_dim(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t st
   switch (attn::bwd_padded_head_dim(f.p->head_dim_qk, f.p->head_dim_v)) {
     case 64: return attn::launch_bwd<kDtype, attn::BwdConfig<64>, Feat>(b, f, stream);
     case 128: return attn::launch_bwd<kDtype, attn::BwdConfig<128>, Feat>(b, f, stream);
-    // The query-rows tile adds dQ unordered; deterministic mode keeps the split d tile.
-    default:
-      return b.deterministic ? attn::launch_bwd<kDtype, attn::BwdConfig<256>, Feat>(b, f, stream)
-                             : attn::launch_bwd<kDtype, attn::BwdQueryRowsConfig<256>, Feat>(b, f, stream);
+    default: return attn::launch_bwd<kDtype, attn::BwdQueryRowsConfig<256>, Feat>(b, f, stream);
   }
 }
 
@@ -76,8 +72,7 @@ Status by_mask(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream
 
 size_t hopper_bwd_workspace_bytes(const FwdProblem& f) {
   static_assert(attn::BwdConfig<64>::kBlockM == attn::BwdConfig<128>::kBlockM &&
-                    attn::BwdConfig<128>::kBlockM == attn::BwdConfig<256>::kBlockM &&
-                    attn::BwdQueryRowsConfig<256>::kBlockM == attn::BwdConfig<256>::kBlockM,
+                    attn::BwdQueryRowsConfig<256>::kBlockM == attn::BwdConfig<128>::kBlockM,
                 "the workspace layout assumes one query block size");
   const int d = attn::bwd_padded_head_dim(f.p->head_dim_qk, f.p->head_dim_v);
   return attn::bwd_workspace_layout(*f.p, attn::BwdConfig<64>::kBlockM, d).bytes;

@@ -1,6 +1,6 @@
 // The dQ writer: an elected lane of the producer warpgroup's warp 1 takes the consumers' staged
 // 64 x 64 dQ parts in the order they make them (BwdWalk; d128: both warpgroups' parts each step,
-// d64: the step's warpgroup, d256: two of each warpgroup) and reduce-adds each into the fp32
+// d64: the step's warpgroup) and reduce-adds each into the fp32
 // workspace with one cp.reduce.async.bulk, off the consumers' path (FlashAttention-3 gives this to a
 // warp of its own).
 // Deterministic mode: before a step's adds, the lane waits on the query block's semaphore for the
@@ -28,16 +28,16 @@ struct BwdDqWriter {
   Smem smem;
 
   // Part q of step `it` comes from warpgroup `wg` as its k-th staged part, in buffer k % kBuffers,
-  // phase k / kBuffers % 2 of its ring: d128 a part per warpgroup; d64 the step's warpgroup; split
-  // d the warpgroups' two parts each, interleaved (0, 2, 1, 3). `part` is its column block of dQ.
+  // phase k / kBuffers % 2 of its ring: d128 a part per warpgroup; d64 the step's warpgroup. `part`
+  // is its column block of dQ.
   struct Staged {
     int wg, part;
     hopper::PipelineState<Cfg::kDqBuffers> st;
     __device__ __forceinline__ Staged(int it, int q) {
-      const int j = Cfg::kSplitD ? (q >> 1) : 0;
-      wg = Cfg::kSplitD ? (q & 1) : Cfg::kDqParts == 2 ? q : (it & 1);
-      part = Cfg::kDqPartsPerWg * wg * (Cfg::kDqParts > 1) + j;
-      const int k = Cfg::kDqParts == 1 ? it >> 1 : Cfg::kDqPartsPerWg * it + j;
+      static_assert(Cfg::kDqParts <= 2, "a dQ part per warpgroup and step at most");
+      wg = Cfg::kDqParts == 2 ? q : (it & 1);
+      part = Cfg::kDqParts == 2 ? wg : 0;
+      const int k = Cfg::kDqParts == 1 ? it >> 1 : it;
       st.index = k % Cfg::kDqBuffers;
       st.phase = (k / Cfg::kDqBuffers) & 1;
     }
@@ -48,7 +48,8 @@ struct BwdDqWriter {
   __device__ void run(int n_block, int kv_head, const SeqlenInfo<kVarlen>& seq, int writer, int writers) const {
     if (!hopper::elect_one()) return;
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
-    constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim, kBuffers = Cfg::kDqBuffers;
+    constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim;
+    static_assert(Cfg::kDqBuffers > 1, "a step's parts are released after its bulk group was read");
     constexpr uint32_t kPartBytes = Smem::kDqPartFloats * sizeof(float);
     // Several writers take turns (an mbarrier each, its j-th phase the writer's j-th step): the
     // staging rings' full barriers are waited on by parity, which tells the awaited phase from the
@@ -66,8 +67,7 @@ struct BwdDqWriter {
         const Staged s(it, q);
         auto& ring = smem.bars().dq[s.wg];
         ring.consumer_wait(s.st);
-        // One wait per step (one poll per part cost d256, whose single staging buffer per
-        // warpgroup waits for each part's add, 10-25%: perf-log step 74).
+        // One wait per step (a poll per part cost the d256 tile of the time 10-25%: perf-log step 74).
         if (p.deterministic && q == 0) {
           const cuda::atomic_ref<int, cuda::thread_scope_device> count(*sem);
           const int want = bwd_dq_adds_before<Cfg>(n_block, m, seq, p);
@@ -77,20 +77,13 @@ struct BwdDqWriter {
         float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + s.part * Smem::kDqPartFloats;
         hopper::ptx::cp_reduce_async_bulk(hopper::ptx::space_global, hopper::ptx::space_shared, hopper::ptx::op_add,
                                           dst, smem.dq(s.wg, s.st.index), kPartBytes);
-        if constexpr (kBuffers == 1) {
-          hopper::tma_store_commit();
-          hopper::tma_store_wait_read();  // its staging may be rewritten
-          ring.consumer_release(s.st);
-        }
       }
-      if constexpr (kBuffers > 1) {
-        hopper::tma_store_commit();     // this step's adds: one bulk group
-        hopper::tma_store_wait_read();  // their staging may be rewritten
+      hopper::tma_store_commit();     // this step's adds: one bulk group
+      hopper::tma_store_wait_read();  // their staging may be rewritten
 #pragma unroll
-        for (int q = 0; q < Cfg::kDqParts; ++q) {
-          const Staged s(it, q);
-          smem.bars().dq[s.wg].consumer_release(s.st);
-        }
+      for (int q = 0; q < Cfg::kDqParts; ++q) {
+        const Staged s(it, q);
+        smem.bars().dq[s.wg].consumer_release(s.st);
       }
       if (writers > 1) hopper::mbarrier_arrive(&turn[writer + 1 == writers ? 0 : writer + 1]);
       if (p.deterministic) {  // the step's adds completed: the next key block may add

@@ -1,9 +1,11 @@
 // The backward kernel's shell: one CTA per (key block, kv head, sequence), a producer warpgroup
 // (warp 0: the TMA lane; warp 1, in deterministic mode warps 1-3: the dQ writer lanes, where the
-// tile stages dQ) and two consumer warpgroups; registers move from the producer to the consumers as
+// tile stages dQ; where it does not, in deterministic mode warps 1-3: the consumers' dQ gate) and
+// two consumer warpgroups; registers move from the producer to the consumers as
 // in the forward.
 #pragma once
 #include "src/attention/bwd_config.h"
+#include "src/attention/bwd_dq_gate.cuh"
 #include "src/attention/bwd_dq_writer.cuh"
 #include "src/attention/bwd_load.cuh"
 #include "src/attention/bwd_mma.cuh"
@@ -54,6 +56,9 @@ __global__ void __launch_bounds__(BwdLaunchShape::kThreads, 1) bwd_kernel(const 
       static_assert(BwdSmem<Cfg>::kDeterministicWriters <= 3, "the writers are warps 1-3 of the producer warpgroup");
       const int writers = p.deterministic ? BwdSmem<Cfg>::kDeterministicWriters : 1;
       if (warp >= 1 && warp <= writers) BwdDqWriter<Cfg>{p, smem}.run(n_block, kv_head, seq, warp - 1, writers);
+    } else {
+      if (p.deterministic && warp == 1) BwdDqGate<Cfg>{p}.open(n_block, kv_head, seq);
+      if (p.deterministic && warp >= 2) BwdDqGate<Cfg>{p}.close(n_block, kv_head, seq, warp - 2);
     }
     return;
   }

@@ -19,10 +19,6 @@ using BwdElemOf = std::conditional_t<kDtype == FA3_DTYPE_BF16, __nv_bfloat16, __
 template <int kDtype, class Cfg, class Feat>
 Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStream_t stream) {
   using Elem = BwdElemOf<kDtype>;
-  // The query-rows tile adds dQ unordered (bwd_config.h); the dispatch sends deterministic
-  // problems to the split d tile.
-  if (Cfg::kQueryRows && b.deterministic)
-    return Status(FA3_ERROR_INTERNAL, "hopper backward: deterministic mode reached the query-rows tile");
   const fa3_fwd_params& a = b.fwd;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const BwdWorkspace ws = bwd_workspace_layout(a, Cfg::kBlockM, Cfg::kHeadDim);  // its size: checked by the API

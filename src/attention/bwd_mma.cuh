@@ -1,12 +1,11 @@
-// A consumer warpgroup of the backward: 64 keys of the CTA's block, their dK and dV (split d: half
-// of their columns) in registers across every query block the producer streams. One step per query
-// block (FlashAttention-2's backward, with the transposes Hopper wants: rows are keys, so S^T and
-// dP^T come straight out of wgmma with M = 64 keys, P^T and dS^T feed dV and dK from registers,
-// and dS^T, stored once, dQ; split d, bwd_config.h: each warpgroup's S^T / dP^T cover half the
-// queries, so P^T and dS^T feed dV and dK from shared memory):
+// A consumer warpgroup of the backward's keys-as-rows tile (d64, d128; bwd_config.h): 64 keys of
+// the CTA's block, their dK and dV in registers across every query block the producer streams. One
+// step per query block (FlashAttention-2's backward, with the transposes Hopper wants: rows are
+// keys, so S^T and dP^T come straight out of wgmma with M = 64 keys, P^T and dS^T feed dV and dK
+// from registers, and dS^T, stored once, dQ):
 //   S^T  = K Q^T           (SS)       P^T  = exp2(S^T * scale_log2 - LSE2)   [softcap: tanh first]
 //   dP^T = V dO^T          (SS)       dS^T = P^T * (dP^T - D) [* (1 - tanh^2)]
-//   dV  += P^T dO          (RS; split d: SS)  dK  += dS^T Q   (RS; split d: SS, dS^T K-major)
+//   dV  += P^T dO          (RS)       dK  += dS^T Q   (RS)
 //   dQ   = dS K            (SS: dS^T from shared memory as an M-major A, K as an N-major B), in
 //                          64 x 64 parts (bwd_config.h), staged for the dQ writer warp, which
 //                          reduce-adds each into the fp32 workspace by one bulk copy.
@@ -17,7 +16,6 @@
 // packed sequence, or past seqused_k), so the last key block masks them to P = 0.
 #pragma once
 #include <type_traits>
-
 
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_load.cuh"
@@ -35,6 +33,7 @@ template <class Elem, class Cfg, class Feat>
 struct BwdConsumer {
   // Varlen kernels always take the masked path: their key tails need the mask anyway.
   static_assert(!Feat::kVarlen || Feat::kMasked, "varlen backward instantiations are masked ones");
+  static_assert(!Cfg::kQueryRows, "the keys-as-rows consumer needs a keys-as-rows tile (bwd_config.h)");
   using Seq = SeqlenInfo<Feat::kVarlen>;
   using Mma = hopper::Mma16<Elem>;
   using Smem = BwdSmem<Cfg>;
@@ -42,16 +41,16 @@ struct BwdConsumer {
   using QTile = typename Smem::QTile;
   using DsTile = typename Smem::DsTile;
   static constexpr int kD = Cfg::kHeadDim, kM = Cfg::kBlockM, kN = Cfg::kBlockN, kK = Mma::kK;
-  // This warpgroup's S^T / dP^T columns (queries) and dK / dV columns (bwd_config.h).
-  static constexpr int kQ = Cfg::kWgQueries, kDkv = Cfg::kDkvCols;
-  static constexpr bool kSplitD = Cfg::kSplitD, kDoRing = Cfg::kDoStages != Cfg::kStages;
+  // This warpgroup's keys start at kWgKeys consumer; its S^T / dP^T columns are all kM queries, its
+  // dK / dV rows all kD columns.
+  static constexpr int kWgKeys = Cfg::kWgKeys;
+  static_assert(Cfg::kDoStages == Cfg::kStages, "dO and D share the Q ring's stages");
 
   const BwdKernelParams& p;
   Smem smem;
   int consumer, thread;  // warpgroup 0/1 of the consumers; 0..127
-  float dk[kDkv / 2], dv[kDkv / 2];
+  float dk[kD / 2], dv[kD / 2];
   hopper::PipelineState<Cfg::kDqBuffers> dq_st;  // this warpgroup's dQ staging ring (bwd_dq_writer.cuh)
-  hopper::PipelineState<Cfg::kDoStages> do_st;   // kDoRing: the dO ring
 
   __device__ __forceinline__ BwdConsumer(const BwdKernelParams& params, Smem s, int c, int t)
       : p(params), smem(s), consumer(c), thread(t) {}
@@ -59,14 +58,13 @@ struct BwdConsumer {
   // This thread's first key row of the block (its second is 8 further), first query column of the
   // block (S^T, dP^T), and first column of its accumulator fragments.
   __device__ __forceinline__ int key_row0(int n_block) const {
-    return n_block * kN + Cfg::kWgKeyOffset * consumer + 16 * (thread / 32) + (thread % 32) / 4;
+    return n_block * kN + kWgKeys * consumer + 16 * (thread / 32) + (thread % 32) / 4;
   }
-  __device__ __forceinline__ int col0() const { return Cfg::kWgQueryOffset * consumer + acc_col0(); }
   __device__ __forceinline__ int acc_col0() const { return 2 * (thread % 4); }
 
   __device__ void run(int n_block, int kv_head, const Seq& seq) {
 #pragma unroll
-    for (int i = 0; i < kDkv / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
     hopper::mbarrier_wait(&smem.bars().kv, 0);
     hopper::PipelineState<Cfg::kStages> st;
@@ -103,40 +101,38 @@ struct BwdConsumer {
   // True when every (key, query) pair of this warpgroup's 64 keys and query block m is visible
   // (varlen: and every key is the sequence's).
   __device__ __forceinline__ bool fully_visible(int n_block, int m, const Seq& seq) const {
-    const int j_lo = n_block * kN + Cfg::kWgKeyOffset * consumer, i_lo = m * kM + Cfg::kWgQueryOffset * consumer;
-    return bwd_fully_visible<Feat::kVarlen>(p.fwd, seq, j_lo, j_lo + 63, i_lo, i_lo + kQ - 1);
+    const int j_lo = n_block * kN + kWgKeys * consumer, i_lo = m * kM;
+    return bwd_fully_visible<Feat::kVarlen>(p.fwd, seq, j_lo, j_lo + kWgKeys - 1, i_lo, i_lo + kM - 1);
   }
 
-  // acc = (this warpgroup's 64 rows of the key-block tile at `keys`) x (its kQ rows of the query
-  // block at `block`)^T over the head dim, both K-major: one committed group (S^T = K Q^T,
-  // dP^T = V dO^T).
-  __device__ __forceinline__ void issue_rows_times_block(float (&acc)[kQ / 2], const uint8_t* keys, uint32_t block) const {
-    const uint64_t a = hopper::make_smem_desc(hopper::smem_u32(keys) + KTile::row_offset(Cfg::kWgKeyOffset * consumer),
+  // acc = (this warpgroup's 64 rows of the key-block tile at `keys`) x (the query block at
+  // `block`)^T over the head dim, both K-major: one committed group (S^T = K Q^T, dP^T = V dO^T).
+  __device__ __forceinline__ void issue_rows_times_block(float (&acc)[kM / 2], const uint8_t* keys, uint32_t block) const {
+    const uint64_t a = hopper::make_smem_desc(hopper::smem_u32(keys) + KTile::row_offset(kWgKeys * consumer),
                                               KTile::kKMajorLbo, KTile::kKMajorSbo);
-    const uint64_t b = hopper::make_smem_desc(block + QTile::row_offset(Cfg::kWgQueryOffset * consumer),
-                                              QTile::kKMajorLbo, QTile::kKMajorSbo);
+    const uint64_t b = hopper::make_smem_desc(block, QTile::kKMajorLbo, QTile::kKMajorSbo);
 #pragma unroll
     for (int kk = 0; kk < kD / kK; ++kk)
-      Mma::template Op<kQ>::template ss<0>(acc, hopper::desc_advance(a, KTile::template k_chunk_offset<kK>(kk)),
+      Mma::template Op<kM>::template ss<0>(acc, hopper::desc_advance(a, KTile::template k_chunk_offset<kK>(kk)),
                                            hopper::desc_advance(b, QTile::template k_chunk_offset<kK>(kk)), kk > 0);
     hopper::wgmma_commit();
   }
 
-  // Four 16-bit A-fragment registers (a 64 x 16 block: this warpgroup's keys x 16 of its queries)
-  // into a keys x queries tile (dS^T, P^T) by one stmatrix: k-block kb of this warpgroup's columns.
+  // Four 16-bit A-fragment registers (a 64 x 16 block: this warpgroup's keys x 16 queries) into
+  // the keys x queries dS^T tile by one stmatrix: k-block kb of the columns.
   __device__ __forceinline__ void store_fragment(uint8_t* tile, int kb, const uint32_t (&r)[4]) const {
     const int lane = thread % 32, mi = lane / 8;
-    const int row = Cfg::kWgKeyOffset * consumer + (thread / 32) * 16 + lane % 8 + 8 * (mi & 1);
-    const int col = Cfg::kWgQueryOffset * consumer + 16 * kb + 8 * (mi >> 1);
+    const int row = kWgKeys * consumer + (thread / 32) * 16 + lane % 8 + 8 * (mi & 1);
+    const int col = 16 * kb + 8 * (mi >> 1);
     hopper::stmatrix_x4(hopper::smem_u32(tile) + DsTile::offset(row, col), r[0], r[1], r[2], r[3]);
   }
 
   // The row values (LSE2 or D) of this thread's accumulator columns: pair j = columns 8j + acc_col0()
-  // and + 1 of this warpgroup's queries (acc_col(i) = 8 (i / 4) + (i & 1)), by 64-bit shared loads.
-  __device__ __forceinline__ void column_pairs(float2 (&v)[kQ / 8], const float* rows) const {
-    const uint32_t base = hopper::smem_u32(rows) + 4 * col0();
+  // and + 1 of the block's queries (acc_col(i) = 8 (i / 4) + (i & 1)), by 64-bit shared loads.
+  __device__ __forceinline__ void column_pairs(float2 (&v)[kM / 8], const float* rows) const {
+    const uint32_t base = hopper::smem_u32(rows) + 4 * acc_col0();
 #pragma unroll
-    for (int j = 0; j < kQ / 8; ++j) v[j] = hopper::ld_shared_f32x2(base + 32 * j);
+    for (int j = 0; j < kM / 8; ++j) v[j] = hopper::ld_shared_f32x2(base + 32 * j);
   }
 
   // kDqHere: this warpgroup computes (and adds) a dQ part of this step.
@@ -145,45 +141,37 @@ struct BwdConsumer {
     const int buf = it & 1;
     auto& ring = smem.bars().q;
     ring.consumer_wait(st);
-    const int do_stage = kDoRing ? do_st.index : st.index;  // where dO and D of this step are
-    const uint32_t q_addr = hopper::smem_u32(smem.q(st.index)), do_addr = hopper::smem_u32(smem.dout(do_stage));
-    float s[kQ / 2], dp[kQ / 2];
+    const uint32_t q_addr = hopper::smem_u32(smem.q(st.index)), do_addr = hopper::smem_u32(smem.dout(st.index));
+    float s[kM / 2], dp[kM / 2];
 
-    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 rows of K / V, K-major like Q / dO. (The
-    // dO ring's wait comes first: a spin loop between two wgmma issues makes ptxas fence them.)
-    if constexpr (kDoRing) smem.bars().dout.consumer_wait(do_st);
+    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 rows of K / V, K-major like Q / dO.
     hopper::wgmma_fence();
     issue_rows_times_block(s, smem.k(), q_addr);
     issue_rows_times_block(dp, smem.v(), do_addr);
     // This thread's LSE2 (its columns' rows of the stage), read while the GEMMs run: read after
     // the wait, its latency stood between S^T and the first exp2 of every step. (Reading D here as
     // well spilled in the masked d128 kernels; it is read after dP^T's wait.)
-    float2 lse[kQ / 8];
+    float2 lse[kM / 8];
     column_pairs(lse, smem.lse2(st.index));
     hopper::wgmma_wait<1>();
     hopper::fence_operand(s);
 
     // P^T (bf16 fragments for dV) and, kept in s, P^T * dscore for dS^T. Only tiles that are not
     // fully visible pay for the mask (a runtime test per element made d64 causal 1.75x slower).
-    uint32_t pa[kQ / kK][4];
+    uint32_t pa[kM / kK][4];
     if (Feat::kMasked && !fully_visible(n_block, m, seq)) probabilities<true>(s, pa, lse, n_block, m, seq);
     else probabilities<false>(s, pa, lse, n_block, m, seq);
-    // Split d: the other warpgroup's dV columns need this P^T too.
-    if constexpr (kSplitD) {
-#pragma unroll
-      for (int kb = 0; kb < kQ / kK; ++kb) store_fragment(smem.p(buf), kb, pa[kb]);
-    }
     hopper::wgmma_wait<0>();
     hopper::fence_operand(dp);
 
-    // dS^T = P^T (dP^T - D) into shared memory (this warpgroup's rows and columns; the dQ GEMMs of
-    // both warpgroups read all of it), one 16-column k-block (an A fragment's four registers, one
-    // stmatrix) at a time; without split d the fragments stay in registers too, as dK's A operand.
-    float2 delta[kQ / 8];
-    column_pairs(delta, smem.delta(do_stage));
-    uint32_t da[kQ / kK][4];
+    // dS^T = P^T (dP^T - D) into shared memory (this warpgroup's rows; the dQ GEMMs of both
+    // warpgroups read all of it), one 16-column k-block (an A fragment's four registers, one
+    // stmatrix) at a time; the fragments stay in registers too, as dK's A operand.
+    float2 delta[kM / 8];
+    column_pairs(delta, smem.delta(st.index));
+    uint32_t da[kM / kK][4];
 #pragma unroll
-    for (int kb = 0; kb < kQ / kK; ++kb) {
+    for (int kb = 0; kb < kM / kK; ++kb) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = 8 * kb + 2 * r;
@@ -192,18 +180,17 @@ struct BwdConsumer {
       }
       store_fragment(smem.ds(buf), kb, da[kb]);
     }
-    if constexpr (kSplitD) step_split_d<kDqHere>(buf, q_addr, do_addr, st);
-    else step_gradients<kDqHere>(buf, q_addr, do_addr, pa, da, st);
+    step_gradients<kDqHere>(buf, q_addr, do_addr, pa, da, st);
   }
 
-  // The step's gradient GEMMs, keys as rows (d64, d128): dV += P^T dO and dK += dS^T Q with A from
+  // The step's gradient GEMMs: dV += P^T dO and dK += dS^T Q with A from
   // registers (P^T and dS^T are this warpgroup's own keys), B = the dO / Q rows as N-major
   // operands; dQ = dS K over both warpgroups' dS^T. Only dQ waits for the other warpgroup's half of
   // dS^T: dV runs under that barrier, and the dQ part is staged for the writer while dK runs, so
   // the tensor pipe has work across both waits (FlashAttention-3's order).
   template <bool kDqHere>
   __device__ __forceinline__ void step_gradients(int buf, uint32_t q_addr, uint32_t do_addr,
-                                                 const uint32_t (&pa)[kQ / kK][4], const uint32_t (&da)[kQ / kK][4],
+                                                 const uint32_t (&pa)[kM / kK][4], const uint32_t (&da)[kM / kK][4],
                                                  hopper::PipelineState<Cfg::kStages>& st) {
     const uint64_t bdo = hopper::make_smem_desc(do_addr, QTile::kNMajorLbo, QTile::kNMajorSbo);
     const uint64_t bq = hopper::make_smem_desc(q_addr, QTile::kNMajorLbo, QTile::kNMajorSbo);
@@ -221,8 +208,8 @@ struct BwdConsumer {
     // warpgroup whose dQ read it, after its own wait, or by the other one after its sync of the
     // step between, on a signal given after that dQ.)
     hopper::fence_view_async_shared();
-    if constexpr (kDqHere) bwd_consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
-    else bwd_consumers_arrive(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    if constexpr (kDqHere) bwd_barrier_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    else bwd_barrier_arrive(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
     float dq[32];
     if constexpr (kDqHere) issue_dq_part(dq, buf, Cfg::kDqParts >= 2 ? consumer : 0);
 #pragma unroll
@@ -264,67 +251,15 @@ struct BwdConsumer {
     hopper::wgmma_commit();
   }
 
-  // Split d (bwd_config.h): this warpgroup's dV and dK columns need both warpgroups' P^T and dS^T,
-  // so every gradient GEMM reads them from shared memory after the barrier. dV += P^T dO, dK +=
-  // dS^T Q, then its two dQ parts; dO's single stage goes back as soon as dV has read it.
-  template <bool kDqHere>
-  __device__ __forceinline__ void step_split_d(int buf, uint32_t q_addr, uint32_t do_addr,
-                                               hopper::PipelineState<Cfg::kStages>& st) {
-    static_assert(kDqHere && Cfg::kDqPartsPerWg == 2 && kDoRing, "split d: two dQ parts per warpgroup every step");
-    hopper::fence_view_async_shared();
-    bwd_consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);
-    hopper::fence_operand(dv);
-    hopper::fence_operand(dk);
-    hopper::wgmma_fence();
-    {
-      constexpr int kPanel0 = kDkv / 64;  // this warpgroup's first column panel is kPanel0 * consumer
-      const uint64_t bdo = hopper::make_smem_desc(do_addr + QTile::panel_offset(kPanel0 * consumer),
-                                                  QTile::kNMajorLbo, QTile::kNMajorSbo);
-      const uint64_t bq = hopper::make_smem_desc(q_addr + QTile::panel_offset(kPanel0 * consumer),
-                                                 QTile::kNMajorLbo, QTile::kNMajorSbo);
-      const uint64_t ads = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)), DsTile::kKMajorLbo, DsTile::kKMajorSbo);
-      const uint64_t ap = hopper::make_smem_desc(hopper::smem_u32(smem.p(buf)), DsTile::kKMajorLbo, DsTile::kKMajorSbo);
-#pragma unroll
-      for (int kb = 0; kb < kM / kK; ++kb)
-        Mma::template Op<kDkv>::template ss<1>(dv, hopper::desc_advance(ap, DsTile::template k_chunk_offset<kK>(kb)),
-                                               hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
-      hopper::wgmma_commit();
-#pragma unroll
-      for (int kb = 0; kb < kM / kK; ++kb)
-        Mma::template Op<kDkv>::template ss<1>(dk, hopper::desc_advance(ads, DsTile::template k_chunk_offset<kK>(kb)),
-                                               hopper::desc_advance(bq, QTile::template row_chunk_offset<kK>(kb)), 1);
-      hopper::wgmma_commit();
-    }
-    float dq[2][32];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) issue_dq_part(dq[j], buf, 2 * consumer + j);
-    // The dV GEMM (the oldest group) was the last to read dO: its single stage goes back to the
-    // producer while dK and dQ still run.
-    hopper::wgmma_wait<3>();
-    hopper::fence_operand(dv);
-    smem.bars().dout.consumer_release(do_st);
-    do_st.advance();
-    // Staging the first part while the second's GEMM runs.
-    hopper::wgmma_wait<1>();
-    hopper::fence_operand(dq[0]);
-    stage_dq(dq[0]);
-    hopper::wgmma_wait<0>();
-    hopper::fence_operand(dq[1]);
-    hopper::fence_operand(dv);
-    hopper::fence_operand(dk);
-    smem.bars().q.consumer_release(st);
-    stage_dq(dq[1]);
-  }
-
   // s (S^T) -> P^T: the bf16 fragments pa for dV, and P^T * dscore back in s for dS^T; hidden
   // pairs (kMask: BwdVisibility, register rows are keys) get P = 0.
   template <bool kMask>
-  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], uint32_t (&pa)[kQ / kK][4], const float2 (&lse)[kQ / 8], int n_block,
+  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], uint32_t (&pa)[kM / kK][4], const float2 (&lse)[kM / 8], int n_block,
                                                 int m, const Seq& seq) const {
     BwdVisibility<Feat::kVarlen> vis;
-    if constexpr (kMask) vis = BwdVisibility<Feat::kVarlen>(p.fwd, seq, key_row0(n_block), m * kM + col0());
+    if constexpr (kMask) vis = BwdVisibility<Feat::kVarlen>(p.fwd, seq, key_row0(n_block), m * kM + acc_col0());
 #pragma unroll
-    for (int i = 0; i < kQ / 2; i += 2) {
+    for (int i = 0; i < kM / 2; i += 2) {
       const float2 l = lse[i / 4];  // columns acc_col(i), + 1
       float pr[2];
 #pragma unroll
@@ -356,12 +291,11 @@ struct BwdConsumer {
 
   // dK = scale * dK and dV, converted, through this warpgroup's dQ staging buffers (free once the
   // writer's bulk copies have read them) as BwdStagedRows tiles: a warp's 4-byte fragment stores
-  // hit 32 banks. Split d stages dK and dV in turn (one buffer).
+  // hit 32 banks.
   __device__ void store_dkdv(int n_block, int kv_head, const Seq& seq) {
-    using Rows = BwdStagedRows<kDkv * 2>;
-    constexpr int kTileBytes = 64 * kDkv * 2;
-    static_assert((kSplitD ? 1 : 2) * kTileBytes <= Cfg::kDqBuffers * Smem::kDqPartFloats * 4,
-                  "dK and dV fit this warpgroup's dQ staging");
+    using Rows = BwdStagedRows<kD * 2>;
+    constexpr int kTileBytes = kWgKeys * kD * 2;
+    static_assert(2 * kTileBytes <= Cfg::kDqBuffers * Smem::kDqPartFloats * 4, "dK and dV fit this warpgroup's dQ staging");
     auto& ring = smem.bars().dq[consumer];
     for (int b = 0; b < Cfg::kDqBuffers; ++b) {
       ring.producer_acquire(dq_st);
@@ -369,33 +303,23 @@ struct BwdConsumer {
     }
     const uint32_t stage = hopper::smem_u32(smem.dq(consumer, 0));  // a warpgroup's buffers are adjacent
     const FwdKernelParams& f = p.fwd;
-    const int key0 = n_block * kN + Cfg::kWgKeyOffset * consumer, col0 = kDkv * consumer * kSplitD;
-    auto stage_tile = [&](uint32_t tile, const float (&acc)[kDkv / 2], float scale) {
+    const int key0 = n_block * kN + kWgKeys * consumer;
+    auto stage_tile = [&](uint32_t tile, const float (&acc)[kD / 2], float scale) {
       const int row0 = key_row0(n_block) - key0;
 #pragma unroll
-      for (int i = 0; i < kDkv / 2; i += 2) {
+      for (int i = 0; i < kD / 2; i += 2) {
         const int row = row0 + hopper::acc_row(i), col = hopper::acc_col(i) + acc_col0();
         hopper::st_shared_u32(tile + Rows::offset(row, col / 8) + 2 * (col % 8), Mma::pack(acc[i] * scale, acc[i + 1] * scale));
       }
     };
     auto copy_out = [&](uint32_t tile, const fa3_tensor& t, int cols) {
-      Rows::template copy_out<64, Elem>(tile, t, f, seq, kv_head, key0, col0, cols, thread);
+      Rows::template copy_out<kWgKeys, Elem>(tile, t, f, seq, kv_head, key0, 0, cols, thread);
     };
-    const int bar = kBarDkvStaged + consumer;
     stage_tile(stage, dk, p.scale);
-    if constexpr (kSplitD) {
-      bwd_consumers_sync(bar, hopper::kWarpgroupSize);
-      copy_out(stage, p.dk, f.head_dim_qk);
-      bwd_consumers_sync(bar, hopper::kWarpgroupSize);  // every thread has read dK before dV overwrites it
-      stage_tile(stage, dv, 1.f);
-      bwd_consumers_sync(bar, hopper::kWarpgroupSize);
-      copy_out(stage, p.dv, f.head_dim_v);
-    } else {
-      stage_tile(stage + kTileBytes, dv, 1.f);
-      bwd_consumers_sync(bar, hopper::kWarpgroupSize);
-      copy_out(stage, p.dk, f.head_dim_qk);
-      copy_out(stage + kTileBytes, p.dv, f.head_dim_v);
-    }
+    stage_tile(stage + kTileBytes, dv, 1.f);
+    bwd_barrier_sync(kBarDkvStaged + consumer, hopper::kWarpgroupSize);
+    copy_out(stage, p.dk, f.head_dim_qk);
+    copy_out(stage + kTileBytes, p.dv, f.head_dim_v);
   }
 };
 

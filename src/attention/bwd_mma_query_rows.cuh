@@ -145,7 +145,7 @@ struct BwdQueryRowsConsumer {
     // is written again two steps later, after both warpgroups passed the barrier of the step
     // between, which each reaches only after its GEMMs of this step completed.
     hopper::fence_view_async_shared();
-    bwd_consumers_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    bwd_barrier_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
     gradients(buf, q_addr, do_addr, head, m, seq, st);
   }
 
@@ -190,6 +190,7 @@ struct BwdQueryRowsConsumer {
     do_st.advance();
     hopper::wgmma_wait<1>();
     hopper::fence_operand(dq);
+    if (p.deterministic) bwd_barrier_sync(kBarDqMayAdd + consumer, kBwdDqGateThreads);  // our turn (bwd_dq_gate.cuh)
     add_dq(acc, dq, 0);
     hopper::wgmma_fence();  // dq's registers were read since the last wgmma
     issue_dq_slice(dq, ds_tile, 1);
@@ -203,6 +204,7 @@ struct BwdQueryRowsConsumer {
     // Every read of the stage is done (every thread arrives: each read its own LSE2 and D).
     smem.bars().q.consumer_release(st);
     add_dq(acc, dq, 1);
+    if (p.deterministic) bwd_barrier_sync(kBarDqAdded + consumer, kBwdDqGateThreads);  // the next key block's turn
   }
 
   // dQ^T slice `slice` (this warpgroup's head dims kDims c + 64 slice .. + 63, all 64 queries) =
@@ -222,7 +224,7 @@ struct BwdQueryRowsConsumer {
   // slice of dq_accum_index_transposed): four consecutive registers per 16-byte add, so a warp's
   // add covers 512 contiguous bytes. The adds are this tile's bottleneck: one scalar add per
   // element ran at 0.79 of the four-wide form, and without adds the kernel ran 1.4x faster (perf-log
-  // step 88). Unordered (fp32 adds in L2): deterministic mode runs the split d tile.
+  // step 88). Deterministic mode orders them by key block (bwd_dq_gate.cuh).
   __device__ __forceinline__ void add_dq(float* acc, const float (&dq)[32], int slice) const {
     float* at = acc + (kDimBlocks * consumer + slice) * 64 * 64 + 4 * thread;
 #pragma unroll
@@ -258,7 +260,7 @@ struct BwdQueryRowsConsumer {
     using Rows = BwdStagedRows<kDims * 2>;
     constexpr int kTileBytes = kN * kDims * 2;
     static_assert(2 * kTileBytes <= KTile::kBytes, "both warpgroups' halves fit K's (and V's) tile");
-    bwd_consumers_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);  // every GEMM of the walk read K and V
+    bwd_barrier_sync(kBarDsReady, 2 * hopper::kWarpgroupSize);  // every GEMM of the walk read K and V
     const uint32_t k_stage = hopper::smem_u32(smem.k()) + consumer * kTileBytes;
     const uint32_t v_stage = hopper::smem_u32(smem.v()) + consumer * kTileBytes;
     auto stage = [&](uint32_t tile, const float (&acc)[kDimBlocks][kN / 2], float scale) {
@@ -273,7 +275,7 @@ struct BwdQueryRowsConsumer {
     };
     stage(k_stage, dk, p.scale);
     stage(v_stage, dv, 1.f);
-    bwd_consumers_sync(kBarDkvStaged + consumer, hopper::kWarpgroupSize);
+    bwd_barrier_sync(kBarDkvStaged + consumer, hopper::kWarpgroupSize);
     const FwdKernelParams& f = p.fwd;
     const int key0 = n_block * kN, col0 = kDims * consumer;
     Rows::template copy_out<kN, Elem>(k_stage, p.dk, f, seq, kv_head, key0, col0, f.head_dim_qk, thread);

@@ -36,8 +36,9 @@ struct BwdWorkspaceRows {
 //    register order (bwd_mma.cuh: element (register i, thread t) at i * 128 + t), so that a
 //    warpgroup stages and reduce-adds it without bank conflicts and as one contiguous bulk copy;
 //  - dq_semaphore: [m-blocks] int32 kBwdDqSemaphoreStride apart, deterministic mode: how many key
-//    blocks' adds into the block's dQ completed. The writers of every SM poll them: 16 bytes apart
-//    (4 bytes apart, d64's deterministic mode ran ~5% slower: perf-log step 74).
+//    blocks' adds into the block's dQ completed (the query-rows tile: the first two ints, one per
+//    consumer warpgroup's head dims, bwd_dq_gate.cuh). The writers of every SM poll them: 16 bytes
+//    apart (4 bytes apart, d64's deterministic mode ran ~5% slower: perf-log step 74).
 constexpr int kBwdDqSemaphoreStride = 4;
 struct BwdKernelParams {
   // The forward's parameters of the same problem: the Q, K, V maps (boxes of kBlockM / kBlockN

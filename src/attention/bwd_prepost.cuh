@@ -136,7 +136,10 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const B
       p.delta[block_row0 + rr] = dot;
     }
   }
-  if (threadIdx.x == 0) p.dq_semaphore[block_row0 / kBlockM * kBwdDqSemaphoreStride] = 0;
+  // The block's counters (one, or one per consumer warpgroup: bwd_dq_gate.cuh), in one store.
+  static_assert(kBwdDqSemaphoreStride == 4, "a block's counters are one int4");
+  if (threadIdx.x == 0)
+    *reinterpret_cast<int4*>(p.dq_semaphore + block_row0 / kBlockM * kBwdDqSemaphoreStride) = make_int4(0, 0, 0, 0);
   // The block's accumulator (kBlockM x d_padded contiguous floats), 16 bytes a store.
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + block_row0 * p.head_dim_padded);
   for (int i = threadIdx.x; i < kBlockM * p.head_dim_padded / 4; i += kPrepostThreads)

@@ -15,7 +15,7 @@ struct BwdSmem {
   static constexpr int kDoStages = Cfg::kDoStages;
   using KTile = hopper::SmemTile16<kN, kD>;   // K and V of the CTA's key block
   using QTile = hopper::SmemTile16<kM, kD>;   // Q and dO of a query block
-  using DsTile = hopper::SmemTile16<kN, kM>;  // dS^T (and split d: P^T): rows keys, columns queries
+  using DsTile = hopper::SmemTile16<kN, kM>;  // dS^T (and query rows: P^T): rows keys, columns queries
   static constexpr int kDqPartFloats = 64 * 64;  // one dQ part (bwd_config.h)
   static constexpr int kDeterministicWriters = 3;  // dQ writer warps in deterministic mode (bwd_dq_writer.cuh)
 
@@ -24,8 +24,8 @@ struct BwdSmem {
   static constexpr int kOffQ = kOffV + KTile::kBytes;
   static constexpr int kOffDo = kOffQ + kStages * QTile::kBytes;
   // dS^T is double-buffered: a warpgroup writes the next block's half while the other may still
-  // read this block's in its dQ GEMM (one barrier per step instead of two). Split d and query rows:
-  // P^T too (both warpgroups read all of it for their dV columns).
+  // read this block's in its dQ GEMM (one barrier per step instead of two). Query rows:
+  // P^T too (both warpgroups read all of it for their dV^T rows).
   static constexpr int kOffDs = kOffDo + kDoStages * QTile::kBytes;
   static constexpr int kOffP = kOffDs + 2 * DsTile::kBytes;
   // fp32 dQ staging: kDqBuffers per warpgroup (two let a warpgroup write the next part while the
@@ -38,7 +38,7 @@ struct BwdSmem {
   struct Barriers {
     uint64_t kv;  // K and V of the block, once
     hopper::PipelineBarriers<kStages> q;  // Q and LSE2 of a query block (and dO, D where they share it)
-    hopper::PipelineBarriers<kDoStages> dout;  // split d: dO and D of a query block
+    hopper::PipelineBarriers<kDoStages> dout;  // query rows: dO and D of a query block
     // Per consumer warpgroup, its dQ staging: full = the warpgroup's 128 threads wrote a part, empty =
     // the writer's bulk copy read it (bwd_dq_writer.cuh).
     hopper::PipelineBarriers<Cfg::kDqBuffers> dq[2];
@@ -69,21 +69,27 @@ struct BwdSmem {
 
 enum BwdBarrier : int {
   // Both consumers wrote their half of dS^T (256 threads). d64, d128 and query rows: one per dS^T
-  // buffer, kBarDsReady + buffer (bwd_mma.cuh, step_gradients); split d: kBarDsReady.
+  // buffer, kBarDsReady + buffer (bwd_mma.cuh, step_gradients; bwd_mma_query_rows.cuh).
   kBarDsReady = 2,
   // A consumer warpgroup's dK / dV staged for the output stores (128 threads): kBarDkvStaged + its index.
   kBarDkvStaged = 4,
+  // Deterministic mode on the query-rows tile (bwd_dq_gate.cuh), + consumer index: the gate's
+  // warps let the warpgroup's dQ adds start, and learn that they were issued (kBwdDqGateThreads).
+  kBarDqMayAdd = 6,
+  kBarDqAdded = 8,
 };
+constexpr int kBwdDqGateThreads = hopper::kWarpgroupSize + hopper::kWarpSize;  // a consumer warpgroup + a gate warp
 
-// The consumers' barrier: d64's two warpgroups reach it from different instantiations of their
-// step (unaligned form), each warp converged after its mbarrier waits' per-thread spin loops.
-__device__ __forceinline__ void bwd_consumers_sync(int id, int threads) {
+// The backward's named barriers, in the unaligned form: their warps reach them from different
+// code (d64's two warpgroups from different instantiations of their step; the dQ gate's warps and
+// the consumers), each warp converged first (after its mbarrier waits' per-thread spin loops).
+__device__ __forceinline__ void bwd_barrier_sync(int id, int threads) {
   __syncwarp();
   hopper::named_barrier_sync_unaligned(id, threads);
 }
 // Its other side for a warpgroup that only signals (its writes before it are visible to the
-// threads that sync), unaligned for the same reason (d64's two code paths).
-__device__ __forceinline__ void bwd_consumers_arrive(int id, int threads) {
+// threads that sync).
+__device__ __forceinline__ void bwd_barrier_arrive(int id, int threads) {
   __syncwarp();
   hopper::named_barrier_arrive_unaligned(id, threads);
 }
