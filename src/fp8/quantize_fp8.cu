@@ -7,6 +7,11 @@
 // rows is one or more whole warps: its max |y| is a warp reduction and a max over those warps in
 // shared memory. Blocks of more than 128 rows (multiples of 128) take a first pass for the max and
 // read their rows again to write them.
+// The rotated rows of blocks of up to 128 rows (kStaged, head dims up to 128): the transform is the
+// kernel's work (the plain pass reads + writes 3.78 TB/s, the rotated one 1.58 with the transform
+// done twice, for the max and for the store: perf-log step 66), so each row is transformed once
+// and its floats wait in shared memory for the block's max (128 rows x d floats: 64 KB at d128,
+// three CTAs per SM as the registers allow; d256's 128 KB would leave one, so it transforms twice).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -30,7 +35,16 @@ constexpr int kWarps = kChunkRows / 16;
 template <int kLanes>
 constexpr int kMinCtasPerSm = kLanes == 32 ? 2 : kLanes == 16 ? 3 : kLanes == 8 ? 5 : 6;
 
-template <class T, int kLanes>
+// kStaged: a row's floats in shared memory, kStagedStride floats apart (+4: the two 16-byte stores
+// of a lane's 8 floats hit 2-way bank conflicts, not 4-way).
+template <int kLanes>
+constexpr int kStagedStride = 8 * kLanes + 4;
+template <int kLanes>
+constexpr size_t staged_bytes() {
+  return size_t(kChunkRows) * kStagedStride<kLanes> * sizeof(float);
+}
+
+template <class T, int kLanes, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes>) quantize_kernel(const fa3_quantize_params p) {
   constexpr int kRowsPerStep = 32 / kLanes;  // rows a warp holds per register set
   constexpr int kSteps = 16 / kRowsPerStep;  // register sets: the warp's 16 rows
@@ -87,7 +101,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes>) quantize_k
         x[e] = (lane_in_row & m) ? other - x[e] : x[e] + other;
       }
   };
-  auto row_of = [&](int chunk0, int i) { return chunk0 + warp * 16 + i * kRowsPerStep + sub; };
+  auto row_in_chunk = [&](int i) { return warp * 16 + i * kRowsPerStep + sub; };
+  auto row_of = [&](int chunk0, int i) { return chunk0 + row_in_chunk(i); };
+  extern __shared__ float4 staged_rows[];  // kStaged: [kChunkRows][kStagedStride] floats
+  auto staged = [&](int i) {
+    return reinterpret_cast<float*>(staged_rows) + row_in_chunk(i) * kStagedStride<kLanes> + col0;
+  };
   auto warp_max = [&](float m) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
@@ -124,6 +143,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes>) quantize_k
       transform(raw[i], x);
 #pragma unroll
       for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(x[e]));
+      if constexpr (kStaged) {
+        float4* at = reinterpret_cast<float4*>(staged(i));
+        at[0] = make_float4(x[0], x[1], x[2], x[3]);
+        at[1] = make_float4(x[4], x[5], x[6], x[7]);
+      }
     }
     m = warp_max(m);
     if (lane == 0) warp_amax[warp] = m;
@@ -135,11 +159,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes>) quantize_k
     const float factor = quant_factor(amax);
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      // An empty asm that "changes" raw: else the compiler keeps the first transform's floats alive
-      // across the barrier instead of recomputing them (bf16 d128: 122 registers instead of ~80).
-      asm volatile("" : "+r"(raw[i].x), "+r"(raw[i].y), "+r"(raw[i].z), "+r"(raw[i].w));
       float x[8];
-      transform(raw[i], x);
+      if constexpr (kStaged) {  // this thread's own floats (no other thread's: no barrier needed)
+        const float4* at = reinterpret_cast<const float4*>(staged(i));
+        const float4 a = at[0], c = at[1];
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = c.x, x[5] = c.y, x[6] = c.z, x[7] = c.w;
+      } else {
+        // An empty asm that "changes" raw: else the compiler keeps the first transform's floats
+        // alive across the barrier instead of recomputing them (bf16 d128: 122 registers, not ~80).
+        asm volatile("" : "+r"(raw[i].x), "+r"(raw[i].y), "+r"(raw[i].z), "+r"(raw[i].w));
+        transform(raw[i], x);
+      }
       store(row_of(first, i), x, factor);
     }
     const int block_first = first + warp * 16;  // the warp that starts a block writes its descale
@@ -182,11 +212,20 @@ Status launch_typed(const fa3_quantize_params& p, cudaStream_t stream) {
   if (grid.x == 0) return detail::ok();
   const int lanes = (p.head_dim + 7) / 8;
   const int threads = kWarps * 32;
-  if (lanes <= 2) return hopper::launch<quantize_kernel<T, 2>>(grid, threads, 0, stream, p);
-  if (lanes <= 4) return hopper::launch<quantize_kernel<T, 4>>(grid, threads, 0, stream, p);
-  if (lanes <= 8) return hopper::launch<quantize_kernel<T, 8>>(grid, threads, 0, stream, p);
-  if (lanes <= 16) return hopper::launch<quantize_kernel<T, 16>>(grid, threads, 0, stream, p);
-  return hopper::launch<quantize_kernel<T, 32>>(grid, threads, 0, stream, p);
+  // Rotated blocks of up to 128 rows at head dims up to 128: transformed once (kStaged).
+  const bool staged = p.hadamard && p.block_size <= kChunkRows;
+  auto go = [&](auto lanes_c) {
+    constexpr int kL = decltype(lanes_c)::value;
+    if constexpr (kL <= 16) {
+      if (staged) return hopper::launch<quantize_kernel<T, kL, true>>(grid, threads, staged_bytes<kL>(), stream, p);
+    }
+    return hopper::launch<quantize_kernel<T, kL, false>>(grid, threads, 0, stream, p);
+  };
+  if (lanes <= 2) return go(std::integral_constant<int, 2>{});
+  if (lanes <= 4) return go(std::integral_constant<int, 4>{});
+  if (lanes <= 8) return go(std::integral_constant<int, 8>{});
+  if (lanes <= 16) return go(std::integral_constant<int, 16>{});
+  return go(std::integral_constant<int, 32>{});
 }
 
 }  // namespace
