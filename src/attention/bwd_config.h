@@ -42,7 +42,7 @@ struct BwdConfig {
 // keys, N = 32 / 64) its GEMMs read a quarter less shared memory per FLOP and its dQ leaves no
 // staging in shared memory; the dQ adds bound it (perf-log step 88). Shared memory: K, V 40 KB
 // each, Q 2 x 32 KB, dO 32 KB, P^T and dS^T 2 x 10 KB each (216 KB). Deterministic mode orders
-// the adds by key block with a gate warp per warpgroup (bwd_dq_gate.cuh).
+// the adds by key block with the producer warpgroup's spare warps (bwd_dq_gate.cuh).
 template <int kHeadDim_>
 struct BwdQueryRowsConfig {
   static_assert(kHeadDim_ == 256, "the query-rows backward tile serves head dim 256");

@@ -67,7 +67,7 @@ struct BwdDqWriter {
         const Staged s(it, q);
         auto& ring = smem.bars().dq[s.wg];
         ring.consumer_wait(s.st);
-        // One wait per step (a poll per part cost the d256 tile of the time 10-25%: perf-log step 74).
+        // One wait per step (a poll per part cost step 74's d256 tile 10-25%: perf-log step 74).
         if (p.deterministic && q == 0) {
           const cuda::atomic_ref<int, cuda::thread_scope_device> count(*sem);
           const int want = bwd_dq_adds_before<Cfg>(n_block, m, seq, p);
