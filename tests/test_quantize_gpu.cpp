@@ -169,6 +169,33 @@ TEST(QuantizeGpu, MatchesTheCpuReferenceBitForBit) {
   for (const QuantCase& qc : cases) run_quant_case(qc);
 }
 
+// More chunks of 128 rows (or of a block) than CTAs: the grid is as many CTAs as the SMs hold (on an
+// H200 132 x 2..5), so each CTA walks several, loading the next while it transforms and stores the
+// current one. Forty sequences of 0..700 rows put empty chunks in the walks.
+TEST(QuantizeGpu, CtasWalkManyChunks) {
+  FA3_REQUIRE_GPU();
+  std::vector<QuantCase> cases;
+  QuantCase c;
+  c.batch = 3, c.seqlen = 4000, c.heads = 8;  // d128 rotated, floats staged: 768 chunks
+  cases.push_back(c);
+  c.hadamard = false;  // plain
+  cases.push_back(c);
+  c = QuantCase();
+  c.dtype = FA3_DTYPE_FP16, c.batch = 2, c.seqlen = 3000, c.heads = 16, c.head_dim = 256;  // transformed twice
+  cases.push_back(c);
+  c.block_size = 256, c.zero_block = true;  // two passes over each chunk: 384 chunks
+  cases.push_back(c);
+  c = QuantCase();
+  c.dtype = FA3_DTYPE_FP16, c.heads = 16, c.head_dim = 64, c.block_size = 64;
+  uint32_t state = 12345;
+  for (int i = 0; i < 40; ++i) {
+    state = state * 1664525u + 1013904223u;
+    c.varlen.push_back(i % 9 == 4 ? 0 : int(state >> 8) % 701);
+  }
+  cases.push_back(c);
+  for (const QuantCase& qc : cases) run_quant_case(qc);
+}
+
 TEST(QuantizeGpu, EmptySequencesWriteNothing) {
   FA3_REQUIRE_GPU();
   QuantCase c;

@@ -779,6 +779,7 @@ TEST_F(QuantizeValidation, BadArguments) {
   expect([](auto& b) { b.out.row_stride = b.out.head_stride = 16; }, "out strides make elements overlap");
   expect([](auto& b) { b.seqlen = -1; }, "seqlen");
   expect([](auto& b) { b.heads = 0; }, "heads");
+  expect([](auto& b) { b.batch = 70000, b.seqlen = 1 << 24; }, "seqlen x heads x batch is too large");
   expect([](auto& b) { b.cu_seqlens = fake<const int32_t>(0xb00000); }, "total");
   expect([](auto& b) { b.struct_size = 3; }, "struct_size");
 }

@@ -454,7 +454,6 @@ Status validate_quantize(const fa3_quantize_params* p) {
     return invalid("in_dtype must be FA3_DTYPE_FP16 or FA3_DTYPE_BF16; got " + std::string(dtype_name(p->in_dtype)));
   FA3_TRY(check_positive("batch", p->batch));
   FA3_TRY(check_positive("heads", p->heads));
-  if (p->batch > 65535) return invalid("batch must be <= 65535 (the grid's y extent); got " + to_string(p->batch));
   if (p->seqlen < 0) return invalid("seqlen must be >= 0; got " + to_string(p->seqlen));
   if (p->head_dim < 8 || p->head_dim > 256 || p->head_dim % 8 != 0)
     return invalid("head_dim must be a multiple of 8 in [8, 256]; got " + to_string(p->head_dim));
@@ -465,10 +464,13 @@ Status validate_quantize(const fa3_quantize_params* p) {
   const int bs = p->block_size;
   if (!(bs == 16 || bs == 32 || bs == 64 || (bs >= 128 && bs % 128 == 0)))
     return invalid("block_size must be 16, 32, 64 or a positive multiple of 128; got " + to_string(bs));
-  const int64_t ctas = (static_cast<int64_t>(p->seqlen) + std::max(bs, 128) - 1) / std::max(bs, 128) * p->heads;
-  if (ctas > std::numeric_limits<int32_t>::max())
-    return invalid("seqlen x heads is too large: ceil(seqlen / max(block_size, 128)) * heads must be < 2^31; got " +
-                   to_string(ctas));
+  // The kernel's chunks (rows of one sequence and head, quantize_fp8.cu) are numbered in 32 bits,
+  // with room for a grid's stride past the last.
+  const int64_t chunks =
+      (static_cast<int64_t>(p->seqlen) + std::max(bs, 128) - 1) / std::max(bs, 128) * p->heads * p->batch;
+  if (chunks > (int64_t(1) << 30))
+    return invalid("seqlen x heads x batch is too large: ceil(seqlen / max(block_size, 128)) * heads * batch must be "
+                   "<= 2^30; got " + to_string(chunks));
   const bool packed = p->cu_seqlens != nullptr;
   if (packed) FA3_TRY(check_positive("total", p->total));
   const int64_t rows = packed ? p->total : p->seqlen;

@@ -1,16 +1,16 @@
-// Host helpers every kernel launch shares: BSHD tensors as 4-D TMA maps, the SM count, and the
-// problem's shape, masks and score scales as the kernels read them (FwdKernelParams).
+// Host helpers every kernel launch shares: BSHD tensors as 4-D TMA maps, the SM count (the Hopper
+// layer's), and the problem's shape, masks and score scales as the kernels read them (FwdKernelParams).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <string>
 
 #include "fa3/fa3_c.h"
 #include "src/api/problem.h"
 #include "src/api/status.h"
 #include "src/attention/fwd_params.h"
+#include "src/hopper/sm_count.h"
 #include "src/hopper/tma_map.h"
 
 namespace fa3::attn {
@@ -52,17 +52,7 @@ inline MapExtents map_extents(const fa3_fwd_params& a, bool varlen) {
           packed_k ? 1 : a.batch};
 }
 
-// The current device's SM count, asked once per device (a device's SM count never changes).
-inline Status sm_count(int* count) {
-  int dev = 0;
-  FA3_CUDA_TRY(cudaGetDevice(&dev));
-  constexpr int kDevices = 64;
-  static std::atomic<int> cached[kDevices] = {};
-  if (dev < kDevices && (*count = cached[dev].load(std::memory_order_relaxed)) > 0) return Status();
-  FA3_CUDA_TRY(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev));
-  if (dev < kDevices) cached[dev].store(*count, std::memory_order_relaxed);
-  return Status();
-}
+using hopper::sm_count;
 
 // Shape, windows and the exp2 scales: softcap's factor c joins scale_log2 (exp2 of
 // c * log2(e) * tanh(scale * s / c), score_mod.cuh), else scale * log2(e).
