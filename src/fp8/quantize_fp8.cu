@@ -12,8 +12,8 @@
 // done twice, for the max and for the store: perf-log step 66), so each row is transformed once
 // and its floats wait in shared memory for the block's max (128 rows x d floats: 64 KB at d128,
 // three CTAs per SM as the registers allow; d256's 128 KB would leave one, so it transforms twice).
-// Those kernels' CTAs walk several chunks, loading the next one's rows while they transform the
-// current one (perf-log step 93).
+// The rotated kernels' CTAs walk several chunks (blocks of up to 128 rows), loading the next one's
+// rows while they transform the current one (perf-log step 93).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -76,10 +76,10 @@ struct Chunk {
 template <class T, int kLanes, bool kRotate, bool kStaged>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes, kRotate>) quantize_kernel(const fa3_quantize_params p) {
   static_assert(kRotate || !kStaged, "only the rotation stages floats");
-  // The staged kernels walk several chunks, a grid stride apart, each loading its next chunk while
-  // it transforms and stores the current one; the others take one chunk per CTA (launch_typed's
-  // grid), as walking made them slower (plain d64 -20%, blocks of 256 rows -30%: perf-log step 93).
-  constexpr bool kWalk = kStaged;
+  // The rotated kernels walk several chunks (blocks of up to 128 rows), a grid stride apart, each
+  // loading its next chunk while it transforms and stores the current one; the plain ones take one
+  // chunk per CTA (launch_typed's grid), as walking made them slower (d64 -20%: perf-log step 93).
+  constexpr bool kWalk = kRotate;
   constexpr int kRowsPerStep = 32 / kLanes;  // rows a warp holds per register set
   constexpr int kSteps = 16 / kRowsPerStep;  // register sets: the warp's 16 rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -305,15 +305,16 @@ Status launch_typed(const fa3_quantize_params& p, cudaStream_t stream) {
   const bool staged = p.hadamard && p.block_size <= kChunkRows;
   auto go = [&](auto lanes_c) {
     constexpr int kL = decltype(lanes_c)::value;
-    // A CTA per chunk, but for the walking (staged) kernels: as many CTAs as the SMs hold at once
-    // (the registers' count; their shared memory fits it).
+    // A CTA per chunk, but for the walking (rotated, one-pass) kernels: as many CTAs as the SMs hold
+    // at once (the registers' count; their shared memory fits it).
     const dim3 one_each{unsigned(chunks)}, walkers{unsigned(std::min(chunks, sms * kMinCtasPerSm<kL, true>))};
     if (!p.hadamard) return hopper::launch<quantize_kernel<T, kL, false, false>>(one_each, threads, 0, stream, p);
     if constexpr (kL <= 16) {
       if (staged)
         return hopper::launch<quantize_kernel<T, kL, true, true>>(walkers, threads, staged_bytes<kL>(), stream, p);
     }
-    return hopper::launch<quantize_kernel<T, kL, true, false>>(one_each, threads, 0, stream, p);
+    return hopper::launch<quantize_kernel<T, kL, true, false>>(p.block_size > kChunkRows ? one_each : walkers, threads,
+                                                               0, stream, p);
   };
   if (lanes <= 2) return go(std::integral_constant<int, 2>{});
   if (lanes <= 4) return go(std::integral_constant<int, 4>{});
