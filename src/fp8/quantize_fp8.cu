@@ -36,7 +36,8 @@ constexpr int kWarps = kChunkRows / 16;
 
 // CTAs per SM each kernel is built for, so its registers: the most that leave no spills (rotated
 // 128 / 80 / 64 / 48 / 40 registers from d256 down, plain 128 / 64 / 48 / 40 / 40). The plain
-// pass is bound by the loads in flight, so its d128 kernel takes a fourth CTA (3.72 -> 4.06 TB/s).
+// pass is bound by the loads in flight, so its d128 kernel takes a fourth CTA (64 registers; with
+// the rest of perf-log step 93, 3.74 -> 4.14 TB/s).
 template <int kLanes, bool kRotate>
 constexpr int kMinCtasPerSm = kRotate ? (kLanes == 32 ? 2 : kLanes == 16 ? 3 : kLanes == 8 ? 4 : kLanes == 4 ? 5 : 6)
                                       : (kLanes == 32 ? 2 : kLanes == 16 ? 4 : kLanes == 8 ? 5 : 6);
@@ -50,10 +51,9 @@ constexpr size_t staged_bytes() {
   return size_t(kChunkRows) * kStagedStride<kLanes> * sizeof(float);
 }
 
-// Sixteen bytes of global memory, loaded where the call stands: as an ordinary load the compiler
-// moved each row's load down to the row's transform (one or two in flight per warp instead of
-// all of them, rotated d256 1.48 -> 1.34 TB/s); a volatile asm keeps its place among the
-// transforms' volatile asms.
+// Sixteen bytes of global memory. A volatile asm keeps the loads' order among the transforms'
+// volatile asms in PTX (ptxas still schedules them as it likes); the plain kernels read the same
+// with ordinary loads, the rotated ones were measured with this form only (perf-log step 93).
 __device__ __forceinline__ uint4 ld_global_16(const void* ptr) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
