@@ -13,6 +13,7 @@
 
 #include "src/api/status.h"
 #include "src/attention/combine.h"
+#include "src/fp8/quantize_fp8.h"
 
 namespace fa3::detail {
 namespace {
@@ -464,10 +465,8 @@ Status validate_quantize(const fa3_quantize_params* p) {
   const int bs = p->block_size;
   if (!(bs == 16 || bs == 32 || bs == 64 || (bs >= 128 && bs % 128 == 0)))
     return invalid("block_size must be 16, 32, 64 or a positive multiple of 128; got " + to_string(bs));
-  // The kernel's chunks (rows of one sequence and head, quantize_fp8.cu) are numbered in 32 bits,
-  // with room for a grid's stride past the last.
-  const int64_t chunks =
-      (static_cast<int64_t>(p->seqlen) + std::max(bs, 128) - 1) / std::max(bs, 128) * p->heads * p->batch;
+  // The kernel numbers its chunks in 32 bits, with room for a grid's stride past the last.
+  const int64_t chunks = fp8::chunk_count(*p);
   if (chunks > (int64_t(1) << 30))
     return invalid("seqlen x heads x batch is too large: ceil(seqlen / max(block_size, 128)) * heads * batch must be "
                    "<= 2^30; got " + to_string(chunks));

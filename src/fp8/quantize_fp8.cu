@@ -31,8 +31,7 @@
 namespace fa3::fp8 {
 namespace {
 
-constexpr int kChunkRows = 128;  // rows a CTA holds at once: 8 warps x 16
-constexpr int kWarps = kChunkRows / 16;
+constexpr int kWarps = kChunkRows / 16;  // a chunk of 128 rows at once: 8 warps x 16
 
 // CTAs per SM each kernel is built for, so its registers: the most that leave no spills (rotated
 // 128 / 80 / 64 / 48 / 40 registers from d256 down, plain 128 / 64 / 48 / 40 / 40). The plain
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes, kRotate>) q
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sub = lane / kLanes, lane_in_row = lane % kLanes, col0 = lane_in_row * 8;
   const bool active = col0 < p.head_dim;
-  const int span = p.block_size > kChunkRows ? p.block_size : kChunkRows;  // rows of a chunk
+  const int span = chunk_rows(p.block_size);
   const int row_blocks = (p.seqlen + span - 1) / span;
   const int chunks = row_blocks * p.heads * p.batch;  // <= 2^30 (validate_quantize): t + grid fits
   // Chunk t: heads fastest, so that the CTAs at work together read whole rows of a BSHD tensor (a
@@ -294,8 +293,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes, kRotate>) q
 
 template <class T>
 Status launch_typed(const fa3_quantize_params& p, cudaStream_t stream) {
-  const int span = p.block_size > kChunkRows ? p.block_size : kChunkRows;
-  const int chunks = (p.seqlen + span - 1) / span * p.heads * p.batch;  // <= 2^30: validate_quantize
+  const int chunks = int(chunk_count(p));  // <= 2^30: validate_quantize
   if (chunks == 0) return detail::ok();
   int sms = 0;
   FA3_TRY(hopper::sm_count(&sms));

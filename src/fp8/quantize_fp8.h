@@ -12,6 +12,15 @@
 
 namespace fa3::fp8 {
 
+// The kernel takes a (sequence, head)'s rows in chunks: 128 rows, or one block of more (its max
+// needs all of them). Their count is numbered in 32 bits on the GPU: validate_quantize bounds it.
+constexpr int kChunkRows = 128;
+constexpr int chunk_rows(int block_size) { return block_size > kChunkRows ? block_size : kChunkRows; }
+inline int64_t chunk_count(const fa3_quantize_params& p) {
+  const int64_t rows = chunk_rows(p.block_size);
+  return (int64_t(p.seqlen) + rows - 1) / rows * p.heads * p.batch;
+}
+
 // One quantization kernel for validated parameters.
 Status launch_quantize(const fa3_quantize_params& p, cudaStream_t stream);
 
