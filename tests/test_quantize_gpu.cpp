@@ -166,22 +166,29 @@ TEST(QuantizeGpu, MatchesTheCpuReferenceBitForBit) {
   c = QuantCase();
   c.seqlen = 1, c.head_dim = 8, c.hadamard = false, c.block_size = 128;
   cases.push_back(c);
+  c = QuantCase();
+  c.seqlen = 700, c.head_dim = 128, c.block_size = 256;  // rotated, two passes
+  cases.push_back(c);
+  c = QuantCase();
+  c.dtype = FA3_DTYPE_FP16, c.seqlen = 1000, c.head_dim = 32, c.block_size = 384, c.zero_block = true;
+  cases.push_back(c);
   for (const QuantCase& qc : cases) run_quant_case(qc);
 }
 
-// More chunks of 128 rows (or of a block) than CTAs: the grid is as many CTAs as the SMs hold (on an
-// H200 132 x 2..5), so each CTA walks several, loading the next while it transforms and stores the
-// current one. Forty sequences of 0..700 rows put empty chunks in the walks.
+// More chunks of 128 rows (or of a block) than CTAs: the rotated kernel's grid is as many CTAs as
+// the SMs hold (on an H200 132 x 1..6), so each CTA walks several, its ring of shared memory loading
+// the next ones while it transforms and stores the current one. Forty sequences of 0..700 rows put
+// empty chunks in the walks.
 TEST(QuantizeGpu, CtasWalkManyChunks) {
   FA3_REQUIRE_GPU();
   std::vector<QuantCase> cases;
   QuantCase c;
-  c.batch = 3, c.seqlen = 4000, c.heads = 8;  // d128 rotated, floats staged: 768 chunks
+  c.batch = 3, c.seqlen = 4000, c.heads = 8;  // d128 rotated: 768 chunks
   cases.push_back(c);
   c.hadamard = false;  // plain
   cases.push_back(c);
   c = QuantCase();
-  c.dtype = FA3_DTYPE_FP16, c.batch = 2, c.seqlen = 3000, c.heads = 16, c.head_dim = 256;  // transformed twice
+  c.dtype = FA3_DTYPE_FP16, c.batch = 2, c.seqlen = 3000, c.heads = 16, c.head_dim = 256;  // 16 warps of 8 rows
   cases.push_back(c);
   c.block_size = 256, c.zero_block = true;  // two passes over each chunk: 384 chunks
   cases.push_back(c);
@@ -193,6 +200,24 @@ TEST(QuantizeGpu, CtasWalkManyChunks) {
     c.varlen.push_back(i % 9 == 4 ? 0 : int(state >> 8) % 701);
   }
   cases.push_back(c);
+  for (const QuantCase& qc : cases) run_quant_case(qc);
+}
+
+// The rotated kernel at every head dim it has (a row across 2..32 lanes, 8 or 16 warps of rows) and
+// every block size of one pass (a block of 16 rows is two warps at d256): 847 chunks, more than
+// the CTAs of any of its grids, with a tail of 37 rows.
+TEST(QuantizeGpu, RotatedEveryHeadDimAndBlock) {
+  FA3_REQUIRE_GPU();
+  std::vector<QuantCase> cases;
+  for (int d : {16, 32, 64, 128, 256})
+    for (int block : {16, 32, 64, 128}) {
+      if (d < 128 && block != (d == 16 ? 16 : d == 32 ? 32 : 128)) continue;  // one block size below d128
+      QuantCase c;
+      c.dtype = block == 32 || d == 64 ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
+      c.seqlen = 120 * 128 + 37, c.heads = 7, c.head_dim = d, c.block_size = block;
+      c.zero_block = block == 16;
+      cases.push_back(c);
+    }
   for (const QuantCase& qc : cases) run_quant_case(qc);
 }
 

@@ -19,14 +19,19 @@ Status launch_entry(const void* entry, KernelSlot& slot, dim3 grid, dim3 block, 
     kernel = k;
     slot.handle.store(kernel, std::memory_order_release);
   }
-  // Above the default 48 KB a kernel must be allowed its shared memory on each device it runs on.
-  if (smem_bytes > 48 * 1024) {
+  // Above the default 48 KB of shared memory, dynamic plus the kernel's static, a kernel must be
+  // allowed its dynamic shared memory on each device it runs on (once: each kernel is launched with
+  // one size; the static size is looked up only for kernels that have dynamic shared memory).
+  if (smem_bytes > 0) {
     int dev = 0;
     FA3_CUDA_TRY(cudaGetDevice(&dev));
     const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
     if (!bit || !(slot.smem_devices.load(std::memory_order_acquire) & bit)) {
-      FA3_CUDA_TRY(cudaKernelSetAttributeForDevice(static_cast<cudaKernel_t>(kernel),
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes, dev));
+      cudaFuncAttributes attr{};
+      FA3_CUDA_TRY(cudaFuncGetAttributes(&attr, entry));
+      if (size_t(smem_bytes) + attr.sharedSizeBytes > 48 * 1024)
+        FA3_CUDA_TRY(cudaKernelSetAttributeForDevice(static_cast<cudaKernel_t>(kernel),
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes, dev));
       slot.smem_devices.fetch_or(bit, std::memory_order_acq_rel);
     }
   }

@@ -16,7 +16,7 @@
 
 namespace fa3::hopper {
 
-// Per kernel: its handle, and the devices on which its dynamic shared-memory limit is raised.
+// Per kernel: its handle, and the devices on which its dynamic shared-memory limit is settled.
 struct KernelSlot {
   std::atomic<void*> handle{nullptr};
   std::atomic<uint64_t> smem_devices{0};
