@@ -176,7 +176,7 @@ TEST(QuantizeGpu, MatchesTheCpuReferenceBitForBit) {
 }
 
 // More chunks of 128 rows (or of a block) than CTAs: the rotated kernel's grid is as many CTAs as
-// the SMs hold (on an H200 132 x 1..6), so each CTA walks several, its ring of shared memory loading
+// the SMs hold (on an H200 132 x 1..8), so each CTA walks several, its ring of shared memory loading
 // the next ones while it transforms and stores the current one. Forty sequences of 0..700 rows put
 // empty chunks in the walks.
 TEST(QuantizeGpu, CtasWalkManyChunks) {
@@ -203,7 +203,7 @@ TEST(QuantizeGpu, CtasWalkManyChunks) {
   for (const QuantCase& qc : cases) run_quant_case(qc);
 }
 
-// The rotated kernel at every head dim it has (a row across 2..32 lanes, 8 or 16 warps of rows) and
+// The rotated kernel at every head dim it has (a row across 2 or 4 threads, 8 or 16 warps of rows) and
 // every block size of one pass (a block of 16 rows is two warps at d256): 847 chunks, more than
 // the CTAs of any of its grids, with a tail of 37 rows.
 TEST(QuantizeGpu, RotatedEveryHeadDimAndBlock) {

@@ -17,8 +17,8 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
 }
 
-// 16 zero bytes to shared `dst` in the same group order, reading nothing (src-size 0); `src` must
-// still be a global address.
+// 16 zero bytes to shared `dst`, as one of the group's copies, reading nothing (src-size 0); `src`
+// must still be a global address.
 __device__ __forceinline__ void cp_async_zero_16(void* dst, const void* src) {
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;" ::"r"(smem), "l"(src) : "memory");
