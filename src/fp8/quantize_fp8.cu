@@ -81,7 +81,10 @@ __device__ __forceinline__ float& descale_at(const fa3_quantize_params& p, const
 
 // The rotation's signs for this lane's 8 columns as sign bits of the 16-bit values as loaded:
 // flipping a sign bit is an exact multiplication by -1 in both formats, and costs 4 registers (not
-// 8 floats) and 4 LOP3s per row (not 8 FMULs).
+// 8 floats) and 4 LOP3s per row (not 8 FMULs). Computed once and pinned by an empty asm: left
+// visible, the compiler recomputes the eight hashes (64-bit multiplies) where they are used to save
+// the registers: for each pass over a block (blocks of 256 rows ran 9% slower), and in a walking
+// kernel for every chunk (~3 instructions an element at d128 there: ncu, perf-log step 94).
 template <bool kRotate>
 __device__ __forceinline__ void sign_flips(uint64_t seed, int col0, uint32_t (&flip)[4]) {
 #pragma unroll
@@ -92,14 +95,9 @@ __device__ __forceinline__ void sign_flips(uint64_t seed, int col0, uint32_t (&f
       if (hadamard_sign(seed, col0 + 2 * i + 1) < 0.f) flip[i] |= 0x80000000u;
     }
   }
-}
-// The flips once, in 4 registers for the whole kernel: left visible, the compiler recomputes the
-// eight hashes (64-bit multiplies) where they are used to save the registers: for each pass over a
-// block, and in a walking kernel for every chunk (~3 instructions an element at d128 there: ncu,
-// perf-log step 94).
-__device__ __forceinline__ void pin(uint32_t (&flip)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(flip[i]));
+  for (int i = 0; i < 4; ++i)
+    if (kRotate) asm volatile("" : "+r"(flip[i]));
 }
 
 // Sixteen bytes of global memory. A volatile asm keeps the loads' order among the transforms'
@@ -210,7 +208,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtasPerSm<kLanes, kRotate>) q
   const Chunk<T> cur = chunk_at<T>(p, g, t, col0);
   uint32_t flip[4];
   sign_flips<kRotate>(p.seed, col0, flip);
-  if constexpr (kRotate) pin(flip);  // (the two passes recomputed the hashes: blocks of 256 rows -9%)
 
   // This lane's 8 columns of row `pos` as stored (zeros past the chunk's end and past head_dim).
   auto load_raw = [&](int pos) {
@@ -329,7 +326,7 @@ struct RotateShape {
   static constexpr int kCopyRows = kThreads / kPiecesPerRow;  // rows apart of a thread's copies
   static constexpr int kCopies = kChunkRows / kCopyRows;      // copies a thread issues a chunk
   static constexpr int kFlipWords = kCols / 2 + 4;            // a thread's signs, padded
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 3;  // the chunk at work and two in flight
   static constexpr int kSmemBytes = kStages * kChunkBytes + kSegs * kFlipWords * 4;
   // As the registers allow without spills (kCols floats a thread; d64: 80 registers, 3 x 256 threads).
   static constexpr int kCtasPerSm = kDim == 256 ? 1 : kDim == 128 ? 2 : kDim == 64 ? 3 : kDim == 32 ? 6 : 8;
@@ -352,14 +349,15 @@ __global__ void __launch_bounds__(RotateShape<kDim>::kThreads, RotateShape<kDim>
   const Chunks g = chunks_of(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  // The rotation's signs as sign bits of 16-bit pairs (sign_flips), each thread's in its order.
+  // The rotation's signs as sign bits of 16-bit pairs (sign_flips' words), each thread's in its
+  // order, read from shared memory with its columns (in registers they would be 32 at d128).
   for (int w = threadIdx.x; w < kDim / 2; w += S::kThreads) {
     const uint32_t word = (hadamard_sign(p.seed, 2 * w) < 0.f ? 0x8000u : 0u) |
                           (hadamard_sign(p.seed, 2 * w + 1) < 0.f ? 0x80000000u : 0u);
     flips[S::seg_of(2 * w) * S::kFlipWords + S::local_of(2 * w) / 2] = word;
   }
 
-  // Copies: 16-byte piece c8 of rows r0, r0 + kCopyRows, ..., each to its thread's place.
+  // Copies: 16-byte piece c8 of rows r0, r0 + kCopyRows, ..., to the same place in the ring's rows.
   const int r0 = threadIdx.x / S::kPiecesPerRow, c8 = threadIdx.x % S::kPiecesPerRow;
   const int copy_off = r0 * S::kRowBytes + 16 * c8;
   const int64_t copy_step = int64_t(S::kCopyRows) * p.in.row_stride;
@@ -414,14 +412,17 @@ __global__ void __launch_bounds__(RotateShape<kDim>::kThreads, RotateShape<kDim>
   const int block_shift = __ffs(p.block_size) - 1;  // blocks of 16..128 rows: powers of two
   const int64_t out_row = p.out.row_stride;
 
+  constexpr int kAhead = S::kStages - 1;  // chunks in flight beside the one at work
+  static_assert(kAhead == 2, "the prologue below fills two stages");
   int t = blockIdx.x;  // launch_typed's grid: at most one CTA per chunk
   fetch(t, 0);
   fetch(t + gridDim.x, 1);
-  hopper::cp_async_wait<1>();
+  hopper::cp_async_wait<kAhead - 1>();
   __syncthreads();  // the first chunk and the signs
   for (int stage = 0, parity = 0; t < g.count; t += gridDim.x, parity ^= 1) {
-    // The stage two chunks on held the previous chunk, read by every thread before the last barrier.
-    fetch(t + 2 * gridDim.x, stage == 0 ? 2 : stage - 1);
+    // The stage kAhead chunks on held the previous chunk, read by every thread before the last
+    // barrier.
+    fetch(t + kAhead * gridDim.x, stage == 0 ? S::kStages - 1 : stage - 1);
     const Chunk<T> c = chunk_at<T>(p, g, t, 0);
     const int pos = c.first + row;
     float x[kCols];
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(RotateShape<kDim>::kThreads, RotateShape<kDim>
     for (int e = 0; e < kCols; ++e) m = fmaxf(m, fabsf(x[e]));
     m = warp_max(m);
     if (lane == 0) warp_amax[parity][warp] = m;
-    hopper::cp_async_wait<1>();  // this thread's pieces of the next chunk
+    hopper::cp_async_wait<kAhead - 1>();  // this thread's pieces of the next chunk
     __syncthreads();             // everyone's: the next chunk and this one's maxima
     float amax = 0.f;
 #pragma unroll
@@ -455,7 +456,7 @@ __global__ void __launch_bounds__(RotateShape<kDim>::kThreads, RotateShape<kDim>
     const int block_first = c.first + warp * S::kRowsPerWarp;  // the warp that starts a block writes its descale
     if (lane == 0 && warp == blk0 && block_first < c.end)
       descale_at(p, c, block_first >> block_shift) = descale_of(amax, norm);
-    stage = stage == 2 ? 0 : stage + 1;
+    stage = stage == S::kStages - 1 ? 0 : stage + 1;
   }
   // The groups still queued are of chunks past the last: empty.
 }
