@@ -1,6 +1,6 @@
-// The forward kernel's shell: one producer warpgroup (a TMA warp; with e4m3 operands three more
-// warps that transpose V) and kBlockM/64 consumer warpgroups, persistent over tiles; registers move
-// from the producer to the consumers.
+// The forward kernel's shell: one producer warpgroup (a TMA warp, or two for paged caches' small
+// boxes; with e4m3 operands three more warps that transpose V) and kBlockM/64 consumer warpgroups,
+// persistent over tiles; registers move from the producer to the consumers.
 #pragma once
 #include "src/attention/consumer.cuh"
 #include "src/attention/fwd_config.h"
@@ -35,8 +35,24 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   const int wg = hopper::warpgroup_index();
   if (wg == 0) {
     if constexpr (Shape::kMoveRegs) hopper::setmaxnreg_dec<Shape::kProducerRegs>();
-    if (threadIdx.x / hopper::kWarpSize == 0) MainloopLoad<Cfg, Feat>{p, smem}.run();
-    else if constexpr (Shape::kTransposeV) VTranspose<Cfg>{smem, int(threadIdx.x) - hopper::kWarpSize}.run();
+    const int warp = threadIdx.x / hopper::kWarpSize;
+    if constexpr (Shape::kTransposeV) {
+      if (warp == 0) MainloopLoad<Cfg, Feat>{p, smem}.run(LoadRole::kAll);
+      else VTranspose<Cfg>{smem, int(threadIdx.x) - hopper::kWarpSize}.run();
+    } else {
+      // Key blocks that span several pages (pages of 16 are 8 boxes of K and 8 of V per 128 keys,
+      // each after its own table entry's load): Q and K on warp 0, V on warp 1, so two lanes issue
+      // them; one lane issuing all of them held pages of 16 at 0.51-0.84 of contiguous K/V
+      // (perf-log step 95). Otherwise one warp, whose requests reach the TMA unit in the
+      // consumers' order (K before V): two warps issuing together made small decodes (b1 x 4k keys,
+      // contiguous or pages of 256) 3-5% slower, and pages of 256 on the 80-key tiles (boxes of 16
+      // rows, one page a block) 2-8% slower at 4k.
+      // (One call site: a second inlined copy of the walk made ptxas spill, in the producer and in
+      // the consumers.)
+      const bool split = p.page_table != nullptr && p.page_size < Cfg::kBlockN;
+      if (warp == 0 || (warp == 1 && split))
+        MainloopLoad<Cfg, Feat>{p, smem}.run(warp == 1 ? LoadRole::kV : split ? LoadRole::kQk : LoadRole::kAll);
+    }
     return;
   }
 

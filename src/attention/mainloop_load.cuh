@@ -1,10 +1,13 @@
-// The producer warp: walks this CTA's tiles (tile_scheduler.cuh) and, for each, TMA-loads Q once,
+// The producer warps: walk this CTA's tiles (tile_scheduler.cuh) and, for each, TMA-load Q once,
 // with a note that tells the consumers which tile it is and its sequence info (FwdSmem::TileNote),
-// and streams K/V blocks through the stage rings in the order the consumers use them (K of block
+// and stream K/V blocks through the stage rings in the order the consumers use them (K of block
 // n-1 before V of block n, since the consumers' QK^T runs one block ahead of their PV). Tiles
 // without a visible key never reach the consumers: the producer writes their zeros itself.
-// One elected lane does all of it: with the whole warp in the loop, ptxas spilled in the consumers
-// (d64's 160-register tile) as well.
+// Where a key block spans several pages of a paged cache, the 16-bit kernels split the rings over two warps
+// of the producer warpgroup, Q and K on warp 0 and V on warp 1 (LoadRole; fwd_kernel.cuh says
+// why); otherwise warp 0 loads all three (the e4m3 kernels' warps 1-3 transpose V). One elected
+// lane of each walks: with the whole warp in the loop ptxas spilled, in the producer and in the
+// consumers (d64's 160-register tile) as well.
 #pragma once
 #include "src/attention/block_info.cuh"
 #include "src/attention/fwd_features.h"
@@ -18,6 +21,9 @@
 
 namespace fa3::attn {
 
+// The rings one producer warp fills.
+enum class LoadRole : int { kAll, kQk, kV };
+
 template <class Cfg, class Feat>
 struct MainloopLoad {
   using Smem = FwdSmem<Cfg>;
@@ -29,7 +35,7 @@ struct MainloopLoad {
   // lane's issues, which with 16-row boxes (pages of 16) took longer than a block's HBM time
   // (perf-log steps 64, 75). The producers that setmaxnreg leaves 24 or 32 registers spilled with
   // even two entries ahead, and 40 of them cost the consumers up to 3% (step 75): they keep a read
-  // per box.
+  // per box, and V's boxes go to a second warp (step 95).
   static constexpr bool kPageReadAhead = !FwdLaunchShape<Cfg>::kMoveRegs;
 
   const FwdKernelParams& p;
@@ -71,20 +77,20 @@ struct MainloopLoad {
       load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p), note);
       return;
     }
-    auto table_row = [&] { return p.page_table + int64_t(seq.batch) * p.page_table_batch_stride; };
+    // Box j holds keys [k0 + j box, ...): its table slot and its row in that page follow from the
+    // block's first key by additions (boxes divide pages; one division a block). Boxes past the
+    // sequence's last key repeat its last box (rows the mask hides), so no table entry past the
+    // sequence is read.
+    const int* table = p.page_table + int64_t(seq.batch) * p.page_table_batch_stride;
+    const int box = p.page_box_rows, k0 = n * Cfg::kBlockN, keys = seq.seqlen_k(p);
+    auto next_box = [&](int j, int& slot, int& row) {
+      if (k0 + (j + 1) * box < keys && (row += box) == p.page_size) row = 0, ++slot;
+    };
     if constexpr (kPageReadAhead) {
-      // Box j holds keys [k0 + j box, ...): its table slot and its row in that page follow from
-      // the block's first key by additions (boxes divide pages). Boxes past the sequence's last
-      // key repeat its last box (rows the mask hides), so no table entry past the sequence is read.
-      const int box = p.page_box_rows, k0 = n * Cfg::kBlockN, keys = seq.seqlen_k(p);
-      auto next_box = [&](int j, int& slot, int& row) {
-        if (k0 + (j + 1) * box < keys && (row += box) == p.page_size) row = 0, ++slot;
-      };
       // The block's entries are read before the wait for a free stage, whose time hides their
       // latency. (Walking the rows again while issuing the boxes, to hold fewer registers, made the
       // decode kernel's pages of 16 5-8% slower: the issue loop is on the refill's critical path.)
       constexpr int kMaxBoxes = Cfg::kBlockN / 16;  // boxes are >= 16 rows (fwd_dispatch.cpp)
-      const int* table = table_row();
       int slot = k0 / p.page_size, row = k0 - slot * p.page_size, pages[kMaxBoxes], rows[kMaxBoxes];
 #pragma unroll
       for (int j = 0; j < kMaxBoxes; ++j) {
@@ -100,14 +106,15 @@ struct MainloopLoad {
         hopper::tma_load_tile_rows<Tile>(map, dst, j * box, rows[j], kv_head, pages[j], &ring.full[st.index]);
       }
     } else {
-      // Boxes past the sequence's last key repeat its last box (see above).
+      // Each box's entry read just before its issue (the issue is ordered after the loads before
+      // it, so each box waits for one).
       uint8_t* dst = claim_stage<Tile>(ring, st, buffer, note);
-      const int* table = table_row();
-      const int box = p.page_box_rows, last = max(seq.seqlen_k(p) - 1, 0) / box * box;
-      for (int r = 0; r < Cfg::kBlockN; r += box) {
-        const int key = min(n * Cfg::kBlockN + r, last);
-        hopper::tma_load_tile_rows<Tile>(map, dst, r, key % p.page_size, kv_head, table[key / p.page_size],
-                                         &ring.full[st.index]);
+      int slot = k0 / p.page_size, row = k0 - slot * p.page_size;
+#pragma unroll
+      for (int j = 0; j < Cfg::kBlockN / 16; ++j) {
+        if (j * box >= Cfg::kBlockN) break;
+        hopper::tma_load_tile_rows<Tile>(map, dst, j * box, row, kv_head, table[slot], &ring.full[st.index]);
+        next_box(j, slot, row);
       }
     }
     st.advance();
@@ -168,15 +175,23 @@ struct MainloopLoad {
     }
   }
 
-  // Run by the producer warp (one lane goes on).
-  __device__ void run() const {
+  // Run by a producer warp (one lane goes on): kAll loads Q, K and V; kQk Q and K (and writes the
+  // zeros of tiles without a visible key, and the end note); kV only V. Each ring has one filler,
+  // which fills its stages in the order the consumers read them, so the two warps need no
+  // coordination: each walks the same tiles, and either may run ahead of the other by its ring's
+  // depth. The role is a runtime argument: two instantiations of this walk made ptxas spill in
+  // the consumers.
+  __device__ void run(LoadRole role) const {
     if (!hopper::elect_one()) return;
+    const bool loads_qk = role != LoadRole::kV, loads_v = role != LoadRole::kQk;
     auto& bars = smem.bars();
     hopper::PipelineState<Cfg::kStages> k_st, v_st;
     hopper::PipelineState<Smem::kQStages> q_st;
-    hopper::tma_prefetch_map(&p.tma_q);
-    hopper::tma_prefetch_map(&p.tma_k);
-    hopper::tma_prefetch_map(&p.tma_v);
+    if (loads_qk) {
+      hopper::tma_prefetch_map(&p.tma_q);
+      hopper::tma_prefetch_map(&p.tma_k);
+    }
+    if (loads_v) hopper::tma_prefetch_map(&p.tma_v);
     int step = 0;
     VarlenTileWalk varlen_walk;
     auto note_of = [&](const Tile& t) {
@@ -196,7 +211,7 @@ struct MainloopLoad {
               block_range_of_queries<Cfg::kBlockN>(first, Rows::queries(p), t.seq, p),
               t.w.split, p.num_splits);
           if (!t.r.empty()) return true;
-          store_zero(t);
+          if (loads_qk) store_zero(t);
           continue;
         } else if constexpr (Feat::kVarlen) {
           const auto st = varlen_walk.template tile<Cfg::kBlockM>(step++, blockIdx.x, gridDim.x, p, t.w);
@@ -208,7 +223,7 @@ struct MainloopLoad {
         t.seq = Seq(p, t.w.batch);
         t.r = block_range<Cfg::kBlockM, Cfg::kBlockN>(t.w.m_block, t.seq, p);
         if (!t.r.empty()) return true;
-        store_zero(t);
+        if (loads_qk) store_zero(t);
       }
     };
     auto load_first_k = [&](const Tile& t) { load_k(bars.k, k_st, t.r.n_max - 1, Rows::kv_head(p, t.w.head), t.seq); };
@@ -220,7 +235,7 @@ struct MainloopLoad {
     };
     Tile t{{0, 0, 0}, {0, 0}, Seq::unset(p)};
     bool more = next_tile(t);
-    if (more) {
+    if (more && loads_qk) {
       // The first K block does not depend on Q's buffer: start it before waiting for Q to drain.
       load_first_k(t);
       load_q(t);
@@ -232,24 +247,25 @@ struct MainloopLoad {
       Tile t_next = t;
       more = next_tile(t_next);
       for (int n = t.r.n_max - 2; n >= t.r.n_min; --n) {
-        load_k(bars.k, k_st, n, kv_head, t.seq);
-        load_v(bars.v, v_st, n + 1, kv_head, t.seq);
+        if (loads_qk) load_k(bars.k, k_st, n, kv_head, t.seq);
+        if (loads_v) load_v(bars.v, v_st, n + 1, kv_head, t.seq);
       }
       // The next tile's first K block (and Q, given a second buffer) before this tile's last V:
       // with the cross-tile overlap the consumers use them together. A single Q buffer frees only
       // after this tile's last QK^T, and the consumers need the last V first: that Q comes after it.
-      if (more) {
+      if (more && loads_qk) {
         load_first_k(t_next);
         if constexpr (Smem::kQStages == 2) load_q(t_next);
       }
-      load_v(bars.v, v_st, t.r.n_min, kv_head, t.seq);
-      if (more && Smem::kQStages == 1) load_q(t_next);
+      if (loads_v) load_v(bars.v, v_st, t.r.n_min, kv_head, t.seq);
+      if (more && loads_qk && Smem::kQStages == 1) load_q(t_next);
       t = t_next;
     }
-    // The end: a note without Q (m_block < 0), whose arrival completes the stage.
-    bars.q.producer_acquire(q_st);
-    bars.note[q_st.index] = {-1, 0, 0, 0, 0, 0, 0, 0, 0};
-    hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
+    if (loads_qk) {  // the end: a note without Q (m_block < 0), whose arrival completes the stage
+      bars.q.producer_acquire(q_st);
+      bars.note[q_st.index] = {-1, 0, 0, 0, 0, 0, 0, 0, 0};
+      hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
+    }
     if constexpr (Smem::kTransposeV) {  // and a V stage without a block: the transposer's end
       bars.v.producer_acquire(v_st);
       bars.v_loaded[v_st.index] = 0;
