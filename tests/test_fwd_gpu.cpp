@@ -117,7 +117,8 @@ FwdCase case_for_instantiation(const std::string& name) {
     c.varlen_q = {300, 0, 129};
     c.varlen_k = {517, 77, 129};
   } else if (c.dtype == FA3_DTYPE_E4M3) {
-    if (alt) c.seqlen_q = 2100, c.seqlen_k = masked ? 2100 : 16400;  // d64's second tile (use_fp8_alt_tile)
+    if (alt && c.head_dim == 64) c.seqlen_q = 2100, c.seqlen_k = masked ? 2100 : 16400;  // use_fp8_alt_tile
+    if (!alt && c.head_dim == 256 && !masked) c.seqlen_k = 4200;  // d256's 128-key tile: from 4k keys
   } else if (c.head_dim == 64 && masked && !alt) {
     c.seqlen_q = c.seqlen_k = 2100;  // the 192-row tile: masked problems from 2k queries
   } else if (c.head_dim == 96 && alt) {
@@ -1565,6 +1566,19 @@ TEST(FwdGpu, Fp8SmallCases) {
     run_fwd_case(c);
     c.q_block = 64;  // block descales
     c.kv_block = 128;
+    run_fwd_case(c);
+  }
+  // d256 with fixed lengths from 4k keys: the unmasked 128-key tile (shorter key sequences take its
+  // 64-key second tile) and the masked 64-key tile.
+  for (bool causal : {false, true}) {
+    FwdCase c;
+    c.dtype = FA3_DTYPE_E4M3;
+    c.head_dim = 256;
+    c.seqlen_q = 150;
+    c.seqlen_k = 4200;
+    c.causal = causal;
+    c.heads_q = 2;
+    c.heads_kv = 1;
     run_fwd_case(c);
   }
 }

@@ -140,14 +140,19 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, perf-log steps 65
 // and 72): d64 and d128 on two consumers with 128 keys, masked problems on the stream schedule,
 // unmasked ones without pingpong (both warpgroups' softmax at once: +3-20% at 1k-4k); 128-key
-// blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20%. d256 (O alone is 128 registers)
-// keeps two consumers on 64-key blocks (128 keys: S 64 + P 16 + O 128 spill at 224 registers and
-// at 240), Q single-buffered: 32 + 2 x (16 + 16 + 32) + an O tile of 64 KB; pingpong unmasked,
-// none masked (+3% causal 1k-16k).
-// kAlt: d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
+// blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20%. d256 (O alone is 128 registers),
+// unmasked: 128-key blocks with the consumers at 232 registers (S 64 + P 16 + O 128;
+// fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB, so O is staged in the last
+// block's K/V stages; pingpong and the exponentials under the PV: +3-4% over 64-key blocks at 4k
+// and 16k keys (perf-log step 96). Masked: 64-key blocks without pingpong, Q single-buffered:
+// 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB (the 128-key tile read +0.5-1% causal, with block
+// descales 4-5% slower, when calls follow each other).
+// kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
 // shape and schedule), for long sequences: +14% unmasked at 16k, +17-27% causal at 4k-16k, but
 // 8% slower causal at 1k and 18% unmasked at 4k (tile quantization; masked from 2k queries as the
 // bf16 d64 tiles, unmasked only where measured: from 16k keys).
+// kAlt, d256's second tile (unmasked): 64-key blocks with pingpong for key sequences shorter than
+// 4k (less of the last block wasted: +5% at 1k, even at 2k).
 template <int kHeadDim, bool kMasked, bool kAlt = false>
 struct FwdFp8Config;
 template <class Cfg>
@@ -169,10 +174,13 @@ struct FwdFp8Config<128, false> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kF
 template <>
 struct FwdFp8Config<128, true> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
 template <>
-struct FwdFp8Config<256, false> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
+struct FwdFp8Config<256, false> : Fp8Tile<TileConfig<256, 128, 128, 2, true>> {};
+template <>
+struct FwdFp8Config<256, false, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
 template <>
 struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFullSchedule & ~kPingpong>> {};
 inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
+  if (head_dim == 256) return !masked && seqlen_k < 4096;
   if (head_dim != 64 || seqlen_q < 2048) return false;
   return masked ? seqlen_k >= 2048 : seqlen_k >= 16384;
 }

@@ -172,11 +172,17 @@ template <class Feat, bool kBlock, class Op>
 Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   const int dim = attn::fp8_head_dim(
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
-  // d64's second tile (long sequences), fixed-length batches only as the 16-bit second tiles.
+  // The second tiles (d64: long sequences; d256 unmasked: short ones), fixed-length batches only
+  // as the 16-bit second tiles.
   if constexpr (!Feat::kVarlen)
-    if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k))
+    if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k)) {
+      if constexpr (!Feat::kMasked)
+        if (dim == 256)
+          return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, false, kBlock, true>, Feat>(
+              f, kBlock ? "d256altblk" : "d256alt");
       return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
           f, kBlock ? "d64altblk" : "d64alt");
+    }
   switch (dim) {
     case 64:
       return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d64blk" : "d64");

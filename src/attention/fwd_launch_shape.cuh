@@ -17,11 +17,17 @@ struct FwdLaunchShape {
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   // One consumer (the decode tile): 256 threads get every register at launch, no moving them.
   static constexpr bool kMoveRegs = kConsumers > 1;
-  // The V transposer's warps (e4m3) need more than 24 or 32: 56 / 224 balances with 2 consumers
-  // (the e4m3 consumers hold S, P and O in at most 168), 48 / 152 with 3.
+  // The V transposer's warps (e4m3) need more than 24 or 32. With 2 consumers: 56 / 224 where the
+  // consumers' S, P and O take at most 192 registers; the d256 128-key tile's take 208 (S 64 + P 16 +
+  // O 128) and get 232, the transposer then 40 (ptxas keeps it spill-free; the load warp spills a
+  // stage index, 5 local loads/stores per key block). 48 / 152 with 3 consumers.
   static constexpr bool kTransposeV = FwdSmem<Cfg>::kTransposeV;
-  static constexpr int kProducerRegs = kTransposeV ? (kConsumers == 2 ? 56 : 48) : kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kTransposeV ? (kConsumers == 2 ? 224 : 152) : kConsumers == 2 ? 240 : 160;
+  static constexpr int kFragRegs = Cfg::kBlockN / 2 + Cfg::kBlockN * Cfg::kOperandBytes / 8 + Cfg::kHeadDimV / 2;
+  static constexpr bool kWideFp8 = kTransposeV && kConsumers == 2 && kFragRegs > 192;
+  static constexpr int kProducerRegs =
+      kTransposeV ? (kConsumers == 2 ? (kWideFp8 ? 40 : 56) : 48) : kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs =
+      kTransposeV ? (kConsumers == 2 ? (kWideFp8 ? 232 : 224) : 152) : kConsumers == 2 ? 240 : 160;
   static_assert(!kMoveRegs || kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
                 "setmaxnreg.inc would wait forever for registers");
 };
