@@ -148,9 +148,9 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB (the 128-key tile read +0.5-1% causal, with block
 // descales 4-5% slower, when calls follow each other).
 // kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
-// shape and schedule), for long sequences: +14% unmasked at 16k, +17-27% causal at 4k-16k, but
-// 8% slower causal at 1k and 18% unmasked at 4k (tile quantization; masked from 2k queries as the
-// bf16 d64 tiles, unmasked only where measured: from 16k keys).
+// shape and schedule), for long sequences: +17-27% causal at 4k-16k, unmasked +6% at 8k and +20% at
+// 16k, but 8% slower causal at 1k and 18% unmasked at 4k (masked from 2k queries as the bf16 d64
+// tiles, unmasked from 8k keys; perf-log step 98).
 // kAlt, d256's second tile (unmasked): 64-key blocks with pingpong for key sequences shorter than
 // 4k (less of the last block wasted: +5% at 1k, even at 2k).
 template <int kHeadDim, bool kMasked, bool kAlt = false>
@@ -182,7 +182,7 @@ struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFul
 inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
   if (head_dim == 256) return !masked && seqlen_k < 4096;
   if (head_dim != 64 || seqlen_q < 2048) return false;
-  return masked ? seqlen_k >= 2048 : seqlen_k >= 16384;
+  return masked ? seqlen_k >= 2048 : seqlen_k >= 8192;
 }
 // An FP8 tile whose softmax takes block descales (descale.cuh's Fp8Softmax): problems that pass
 // any of fa3_fwd_params' q/k/v_block_descale.
