@@ -138,9 +138,10 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // the PV's B is V^T, which warps 1-3 of the producer warpgroup write from the loaded V block into
 // stages of their own (v_transpose.cuh; its lane map wants 64- or 128-key blocks). The GEMMs take
 // half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, perf-log steps 65
-// and 72): d64 and d128 on two consumers with 128 keys, masked problems on the stream schedule,
-// unmasked ones without pingpong (both warpgroups' softmax at once: +3-20% at 1k-4k); 128-key
-// blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20%. d256 (O alone is 128 registers),
+// and 72): d64 and d128 on two consumers with 128 keys and the stream schedule, masked or not
+// (unmasked: +7-19% at d128 1k-16k, +0-9% at d64 over the schedule without pingpong; perf-log step
+// 98, which also found that earlier choices were measured on inputs whose scores spread 64x too
+// wide); 128-key blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20% (step 72). d256 (O alone is 128 registers),
 // unmasked: 128-key blocks with the consumers at 232 registers (S 64 + P 16 + O 128;
 // fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB, so O is staged in the last
 // block's K/V stages; pingpong and the exponentials under the PV: +3-4% over 64-key blocks at 4k
@@ -148,9 +149,9 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB (the 128-key tile read +0.5-1% causal, with block
 // descales 4-5% slower, when calls follow each other).
 // kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
-// shape and schedule), for long sequences: +17-27% causal at 4k-16k, unmasked +6% at 8k and +20% at
-// 16k, but 8% slower causal at 1k and 18% unmasked at 4k (masked from 2k queries as the bf16 d64
-// tiles, unmasked from 8k keys; perf-log step 98).
+// shape and schedule): unmasked from 1k queries (+12% at 1k, +22-36% at 2k-4k, +32% at 8k-16k over
+// the first tile), masked from 2k queries and keys as the bf16 d64 tiles (even there, 8% slower at
+// causal 1k; perf-log step 98).
 // kAlt, d256's second tile (unmasked): 64-key blocks with pingpong for key sequences shorter than
 // 4k (less of the last block wasted: +5% at 1k, even at 2k).
 template <int kHeadDim, bool kMasked, bool kAlt = false>
@@ -161,18 +162,13 @@ struct Fp8Tile : Cfg {
   static_assert((Cfg::kBlockN == 128 || Cfg::kBlockN == 64) && (Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
                 "the V transpose's lane map: 64- or 128-key blocks; 2 or 3 consumers");
 };
-constexpr int kFp8UnmaskedSchedule = kFullSchedule & ~kPingpong;
-template <>
-struct FwdFp8Config<64, false> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kFp8UnmaskedSchedule>> {};
-template <>
-struct FwdFp8Config<64, true> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};
+template <bool kMasked>
+struct FwdFp8Config<64, kMasked> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};
 template <bool kMasked>
 struct FwdFp8Config<64, kMasked, true>
     : Fp8Tile<TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule | kCrossTile>> {};
-template <>
-struct FwdFp8Config<128, false> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kFp8UnmaskedSchedule>> {};
-template <>
-struct FwdFp8Config<128, true> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
+template <bool kMasked>
+struct FwdFp8Config<128, kMasked> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
 template <>
 struct FwdFp8Config<256, false> : Fp8Tile<TileConfig<256, 128, 128, 2, true>> {};
 template <>
@@ -181,8 +177,8 @@ template <>
 struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFullSchedule & ~kPingpong>> {};
 inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
   if (head_dim == 256) return !masked && seqlen_k < 4096;
-  if (head_dim != 64 || seqlen_q < 2048) return false;
-  return masked ? seqlen_k >= 2048 : seqlen_k >= 8192;
+  if (head_dim != 64) return false;
+  return masked ? seqlen_q >= 2048 && seqlen_k >= 2048 : seqlen_q >= 1024;
 }
 // An FP8 tile whose softmax takes block descales (descale.cuh's Fp8Softmax): problems that pass
 // any of fa3_fwd_params' q/k/v_block_descale.
