@@ -148,6 +148,7 @@ std::string FwdCase::name() const {
   if (key_growth > 0) s << " key-growth" << key_growth;
   if (workspace) s << " workspace splits" << num_splits;
   if (q_block || kv_block) s << " block-descales(" << q_block << "," << kv_block << ")";
+  if (wide_v_factors) s << " wide-v-factors";
   if (sinks) s << " sinks";
   if (!with_lse) s << " no-lse";
   return s.str();
@@ -171,6 +172,7 @@ std::string FwdCase::repro() const {
   if (workspace) s << " c.workspace = true; c.num_splits = " << num_splits << ";";
   if (q_block) s << " c.q_block = " << q_block << ";";
   if (kv_block) s << " c.kv_block = " << kv_block << ";";
+  if (wide_v_factors) s << " c.wide_v_factors = true;";
   if (sinks) s << " c.sinks = true;";
   return s.str();
 }
@@ -551,7 +553,9 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
   auto block_at = [&](int which, int b, int head, int pos) {
     const int size = which == 0 ? c.q_block : c.kv_block;
     if (size == 0) return 1.f;
-    return 0.5f + 0.125f * float((7 * b + 3 * head + 5 * (pos / size) + 4 * which) % 13);
+    const int k = (7 * b + 3 * head + 5 * (pos / size) + 4 * which) % 13;
+    if (which == 2 && c.wide_v_factors) return pos / size == 1 ? 0.f : std::ldexp(1.f, k - 6);
+    return 0.5f + 0.125f * float(k);
   };
 
   auto& a = d.args;

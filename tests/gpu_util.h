@@ -93,6 +93,9 @@ struct FwdCase {
   // for K and V, factors in [0.5, 2] that differ per (sequence, head, block) on top of the
   // per-head descales.
   int q_block = 0, kv_block = 0;
+  // With kv_block: V's factors spread over 2^-6 .. 2^6 instead, and V's second block's factor 0
+  // (a block of zeros): the softmax's shift by log2 of V's factor (descale.cuh) at its extremes.
+  bool wide_v_factors = false;
   // Attention sinks (fa3_fwd_params.sinks): a logit per query head, sink_logit(h), from -4 to 6 (the
   // scores of the harness's N(0, 1) inputs are ~N(0, 1): some sinks barely count, some dominate).
   bool sinks = false;

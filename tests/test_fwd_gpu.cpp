@@ -118,7 +118,8 @@ FwdCase case_for_instantiation(const std::string& name) {
     c.varlen_k = {517, 77, 129};
   } else if (c.dtype == FA3_DTYPE_E4M3) {
     if (alt && c.head_dim == 64) c.seqlen_q = 2100, c.seqlen_k = masked ? 2100 : 1100;  // use_fp8_alt_tile
-    if (!alt && c.head_dim == 256 && !masked) c.seqlen_k = 4200;  // d256's 128-key tile: from 4k keys
+    // d256's 128-key tiles: unmasked (first tile) and masked per head (second tile) from 4k keys
+    if (c.head_dim == 256 && (masked ? alt : !alt)) c.seqlen_k = 4200;
   } else if (c.head_dim == 64 && masked && !alt) {
     c.seqlen_q = c.seqlen_k = 2100;  // the 192-row tile: masked problems from 2k queries
   } else if (c.head_dim == 96 && alt) {
@@ -1457,8 +1458,9 @@ TEST(FwdGpu, Fp8AgainstReference) {
 // FP8 block descales (fa3_block_scales: a factor per block of Q rows and of K/V rows, on top of the
 // per-head descales; the WithBlockDescales kernels) on the same cases, against the double reference
 // on the de-quantized inputs: Q blocks of 1 (per token), 64 and 100 rows (not a tile's), K/V blocks
-// of 128 and 256 keys (a factor change every 64- or 128-key block: O's rescale between blocks),
-// Q's or K/V's alone; 4097 against the oracle.
+// of 128 and 256 keys (a factor change every 64- or 128-key block: V's shift of the logits
+// between blocks), Q's or K/V's alone; V's factors over 2^-6 .. 2^6 with a zero one; 4097
+// against the oracle.
 TEST(FwdGpu, Fp8BlockDescales) {
   FA3_REQUIRE_GPU();
   std::vector<FwdCase> cases = fp8_cases();
@@ -1468,6 +1470,21 @@ TEST(FwdGpu, Fp8BlockDescales) {
     cases[i].kv_block = kv_blocks[i % 5];
   }
   expect_fp8_matches_reference(cases);
+  std::vector<FwdCase> wide;
+  for (int dim : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      FwdCase w;
+      w.dtype = FA3_DTYPE_E4M3;
+      w.head_dim = dim;
+      w.seqlen_q = 200;
+      w.seqlen_k = 1000;
+      w.causal = causal;
+      w.q_block = 64;
+      w.kv_block = 128;
+      w.wide_v_factors = true;
+      wide.push_back(w);
+    }
+  expect_fp8_matches_reference(wide);
   FwdCase c;
   c.dtype = FA3_DTYPE_E4M3;
   c.seqlen_q = c.seqlen_k = 4097;
@@ -1568,8 +1585,9 @@ TEST(FwdGpu, Fp8SmallCases) {
     c.kv_block = 128;
     run_fwd_case(c);
   }
-  // d256 with fixed lengths from 4k keys: the unmasked 128-key tile (shorter key sequences take its
-  // 64-key second tile) and the masked 64-key tile.
+  // d256 with fixed lengths from 4k keys: the 128-key tiles (unmasked; masked with per-head
+  // descales: shorter key sequences take the 64-key tiles), and the masked 64-key tile with block
+  // descales.
   for (bool causal : {false, true}) {
     FwdCase c;
     c.dtype = FA3_DTYPE_E4M3;
@@ -1579,6 +1597,9 @@ TEST(FwdGpu, Fp8SmallCases) {
     c.causal = causal;
     c.heads_q = 2;
     c.heads_kv = 1;
+    run_fwd_case(c);
+    c.q_block = 64;
+    c.kv_block = 128;
     run_fwd_case(c);
   }
 }

@@ -76,7 +76,7 @@ typedef struct fa3_tensor {
  * of one sequence (positions counted from the sequence's start; varlen: batch is the sequence),
  * at data[batch * batch_stride + head * head_stride + position / block_size], blocks contiguous.
  * The attention is computed on factor * Q (and K, V) in each block, on top of the per-head
- * descales. Factors must be positive and finite. fa3_quantize_fp8 writes them. */
+ * descales. Factors must be positive and finite (V's may also be 0). fa3_quantize_fp8 writes them. */
 typedef struct fa3_block_scales {
   const float* data;    /* NULL = none */
   int64_t batch_stride; /* floats between sequences */

@@ -35,17 +35,22 @@ __device__ __forceinline__ float output_descale(const FwdKernelParams& p, int ba
 //    (once per tile);
 //  - K's factor of key block n multiplies those for block n's scores (two FMULs per block: the
 //    running max lives in the log2 domain, so each block may have its own scale);
-//  - V's factor v(n) is O's unit: O accumulates O / v(current), so before block n's PV O is
-//    multiplied by v(n+1) / v(n), inside the max correction (fold_o_ratio; a block whose factor is
-//    its predecessor's costs nothing), and the final 1/sum takes dv v(last). (Folding v(n) / v(first)
-//    into P's exponent instead saves that rescale but pushes small probabilities into e4m3's
-//    subnormals: FlashAttention-3's error test 8.7e-3 -> 9.6e-3, and no faster.)
+//  - V's factor v(n) shifts block n's logits by log2 v(n) (OnlineSoftmax's kBlockScales): P comes
+//    out as P v(n), so the PV accumulates sum P v(n) V_8 = sum P V, and the row sums take the block's
+//    sums / v(n). The running max runs over the shifted logits, so it absorbs the factors' range
+//    (P v(n) stays <= 2^8, inside e4m3's range, whatever the factors), and O needs no rescale when
+//    V's factor changes: the stale max (kLazyRescale) keeps skipping it. Cost: a MUFU.LG2 and a
+//    MUFU.RCP per block where the factor changes. (The earlier form, O kept in units of the current
+//    V factor and rescaled by v(n+1) / v(n) before each PV, rescaled O at every block: block
+//    descales 2-5% slower; perf-log step 99.) Accuracy: P is rounded to e4m3 relative to the
+//    largest P v(n) of its row instead of the largest P, so a row's probabilities in blocks of
+//    smaller V factors sit lower in e4m3's range: a float64 model of the roundings put it at +0.5%
+//    of RMSE, FlashAttention-3's error test measured 8.71e-3 -> 8.68e-3 (blocks of 128 + rotation).
 // Each operand's factors are walked one key block at a time downwards (no division per block), the
 // next block's loaded while a block's softmax runs: the softmax cannot wait for an L2 hit.
 template <int kBlockN, bool kLazy>
-struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kRowScales=*/true> {
+struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kBlockScales=*/true> {
   using Base = OnlineSoftmax<kBlockN, kLazy, true>;
-  static constexpr bool kScalesO = true;
 
   // One operand's factors (K's or V's) from block `at` downwards.
   struct Factors {
@@ -72,12 +77,11 @@ struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kRowScales=*/true> {
   float row_base[2];  // the rows' scales before K's factor
   Factors k, v;
   int at;               // the block whose factors k.next, v.next are
-  float o_unit;         // O's accumulator holds O / o_unit
-  float o_ratio = 1.f;  // what O is multiplied by before the current block's PV
+  float v_shifted = 1.f;  // the V factor the shift holds now (Base::shift: log2 of it, and 1 / it)
   float dv;
 
   // rows: the positions of the thread's two rows in the sequence; first_block: the tile's first key
-  // block (its factors are loaded now; V's becomes O's unit).
+  // block (its factors are loaded now).
   __device__ __forceinline__ Fp8Softmax(const FwdKernelParams& p, int batch, int head_q, const int (&rows)[2],
                                         int seqlen_q, int first_block)
       : Base(softmax_scale_log2<true>(p, batch, head_q)) {
@@ -98,11 +102,10 @@ struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kRowScales=*/true> {
     at = first_block;
     k.seek(at);
     v.seek(at);
-    o_unit = v.next;
     dv = output_descale<true>(p, batch, head_q);
   }
 
-  // Key block n's softmax starts: its scales, and O's change of unit.
+  // Key block n's softmax starts: its scales and V's shift.
   __device__ __forceinline__ void begin_block(int n) {
     if (n != at) {  // blocks walked past before the tile's first (MainloopMma::kSkipHidden)
       at = n;
@@ -115,18 +118,17 @@ struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kRowScales=*/true> {
     --at;
     this->scale_log2[0] = row_base[0] * kf;
     this->scale_log2[1] = row_base[1] * kf;
-    o_ratio = vf == o_unit ? 1.f : __fdividef(o_unit, vf);
-    o_unit = vf;
+    if (vf != v_shifted) {  // the same for the whole warp
+      v_shifted = vf;
+      // A zero factor (a block of V that is all zeros) as 1e-30: its P v(n) underflows to 0 in
+      // e4m3, its sums still count (fp32 holds P v(n) / v(n) exactly enough).
+      const float r = vf == 0.f ? 1e-30f : vf;
+      this->shift.log2_r = __log2f(r);
+      this->shift.inv_r = __fdividef(1.f, r);
+    }
   }
-  // Joins O's change of unit into update_max's correction; whether O must be rescaled (warp-uniform).
-  __device__ __forceinline__ bool fold_o_ratio(float (&corr)[2], bool any_rescale) const {
-    if (o_ratio == 1.f) return any_rescale;
-    corr[0] *= o_ratio;
-    corr[1] *= o_ratio;
-    return true;
-  }
-  // What O's final 1/sum is multiplied by.
-  __device__ __forceinline__ float o_factor() const { return dv * o_unit; }
+  // What O's final 1/sum is multiplied by (V's factors are in P already).
+  __device__ __forceinline__ float o_factor() const { return dv; }
 };
 
 }  // namespace fa3::attn

@@ -146,14 +146,16 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB, so O is staged in the last
 // block's K/V stages; pingpong and the exponentials under the PV: +3-4% over 64-key blocks at 4k
 // and 16k keys (perf-log step 96). Masked: 64-key blocks without pingpong, Q single-buffered:
-// 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB (the 128-key tile read +0.5-1% causal, with block
-// descales 4-5% slower, when calls follow each other).
+// 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB; with per-head descales from 4k keys the unmasked
+// 128-key tile as the second tile (+3% at 4k, +6% at 16k causal; with block descales it read 4-5%
+// slower when calls follow each other; perf-log steps 96 and 99).
 // kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
 // shape and schedule): unmasked from 1k queries (+12% at 1k, +22-36% at 2k-4k, +32% at 8k-16k over
 // the first tile), masked from 2k queries and keys as the bf16 d64 tiles (even there, 8% slower at
 // causal 1k; perf-log step 98).
-// kAlt, d256's second tile (unmasked): 64-key blocks with pingpong for key sequences shorter than
-// 4k (less of the last block wasted: +5% at 1k, even at 2k).
+// kAlt, d256's second tiles: unmasked, 64-key blocks with pingpong for key sequences shorter than
+// 4k (less of the last block wasted: +5% at 1k, even at 2k); masked with per-head descales, the
+// 128-key tile from 4k keys.
 template <int kHeadDim, bool kMasked, bool kAlt = false>
 struct FwdFp8Config;
 template <class Cfg>
@@ -175,8 +177,10 @@ template <>
 struct FwdFp8Config<256, false, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false>> {};
 template <>
 struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFullSchedule & ~kPingpong>> {};
-inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k) {
-  if (head_dim == 256) return !masked && seqlen_k < 4096;
+template <>
+struct FwdFp8Config<256, true, true> : FwdFp8Config<256, false> {};
+inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k, bool block_descales) {
+  if (head_dim == 256) return masked ? !block_descales && seqlen_k >= 4096 : seqlen_k < 4096;
   if (head_dim != 64) return false;
   return masked ? seqlen_q >= 2048 && seqlen_k >= 2048 : seqlen_q >= 1024;
 }

@@ -175,11 +175,14 @@ Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   // The second tiles (d64: long sequences; d256 unmasked: short ones), fixed-length batches only
   // as the 16-bit second tiles.
   if constexpr (!Feat::kVarlen)
-    if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k)) {
-      if constexpr (!Feat::kMasked)
-        if (dim == 256)
+    if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k, kBlock)) {
+      if (dim == 256) {
+        if constexpr (!Feat::kMasked)
           return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, false, kBlock, true>, Feat>(
               f, kBlock ? "d256altblk" : "d256alt");
+        else if constexpr (!kBlock)
+          return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, true, false, true>, Feat>(f, "d256alt");
+      }
       return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
           f, kBlock ? "d64altblk" : "d64alt");
     }

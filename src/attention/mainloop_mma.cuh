@@ -380,16 +380,10 @@ struct MainloopMma {
     bool any_rescale;
     if constexpr (kStaleMax) {
       pv_done<0>(o);  // P is free for the exponentials
-      if (softmax.template exponentiate_stale<Mma>(s, pa)) {
-        if constexpr (Softmax::kScalesO)
-          if (softmax.o_ratio != 1.f) rescale(o, {softmax.o_ratio, softmax.o_ratio});
-        return;
-      }
+      if (softmax.template exponentiate_stale<Mma>(s, pa)) return;
       any_rescale = softmax.update_max(s, corr);  // refused: the full step on S
-      if constexpr (Softmax::kScalesO) any_rescale = softmax.fold_o_ratio(corr, any_rescale);
     } else {
       any_rescale = softmax.update_max(s, corr);
-      if constexpr (Softmax::kScalesO) any_rescale = softmax.fold_o_ratio(corr, any_rescale);
       if constexpr (kExpUnderPv) {
         softmax.exponentiate(s);  // into S's registers: the PV in flight still reads P
         // Else ptxas hoists the PV wait above the exponentials (they would not hide under the PV).
@@ -473,9 +467,7 @@ struct MainloopMma {
         Scores::apply(s, p);
         softmax.begin_block(n);
         if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
-        bool any_rescale = softmax.update_max(s, corr);
-        if constexpr (Softmax::kScalesO) any_rescale = softmax.fold_o_ratio(corr, any_rescale);
-        if (any_rescale) rescale(o, corr);
+        if (softmax.update_max(s, corr)) rescale(o, corr);
         softmax.exponentiate(s);
         Softmax::template pack<Mma>(s, pa);
       }

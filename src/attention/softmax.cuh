@@ -5,6 +5,7 @@
 // their max is -inf, exp2 gets 0 as the subtrahend, and the correction factor is 1.
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "src/hopper/arch.cuh"
 
@@ -13,21 +14,60 @@ namespace fa3::attn {
 // kLazy: keep a stale running max until a block's max exceeds it by more than 2^8 (FlashAttention-4's
 // conditional rescaling). Exponentials then reach at most 256 (harmless in fp32 and for bf16/fp16 P),
 // the final 1/sum makes the result exact, and most blocks need no O rescale at all.
-// kRowScales: each of the thread's two rows has an exp2 scale of its own, which may change from
-// key block to key block (FP8 block descales: descale.cuh sets them); the running max is in the
-// log2 domain, so a block's scale applies to that block's scores only.
-template <int kBlockN, bool kLazy = false, bool kRowScales = false>
-struct OnlineSoftmax {
+// kBlockScales (FP8 block descales; descale.cuh sets the values): each of the thread's two rows has
+// an exp2 scale of its own, which may change from key block to key block (the running max is in
+// the log2 domain, so a block's scale applies to that block's scores only); and each key block's
+// logits may be shifted by log2 of a factor r (V's block factor): the softmax then runs on
+// S * scale + log2 r, so P comes out multiplied by r, while the row sums take P / r (what the sums
+// of the unshifted logits would be, at the same running max).
+// The current key block's shift (kBlockScales): log2 r and 1 / r; constants otherwise (no storage).
+template <bool kBlockScales>
+struct SoftmaxShift {
+  struct {
+    float log2_r = 0.f, inv_r = 1.f;
+  } shift;
+};
+template <>
+struct SoftmaxShift<false> {
+  struct Constant {
+    static constexpr float log2_r = 0.f, inv_r = 1.f;
+  };
+  static constexpr Constant shift{};
+};
+
+template <int kBlockN, bool kLazy = false, bool kBlockScales = false>
+struct OnlineSoftmax : SoftmaxShift<kBlockScales> {
+  using SoftmaxShift<kBlockScales>::shift;
   static constexpr float kLazyThreshold = 8.f;  // log2 of the largest tolerated exponential
   static constexpr float kLazyBound = 256.f;     // 2^kLazyThreshold
   static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
-  // The mainloop's hooks for block-scaled operands (descale.cuh's Fp8Softmax): none here.
-  static constexpr bool kScalesO = false;
+  // The mainloop's hook for block-scaled operands (descale.cuh's Fp8Softmax sets a key block's
+  // scales and shift): none here.
   __device__ __forceinline__ void begin_block(int) {}
   float row_max[2];  // max(S * scale) so far (log2 domain), -inf before any visible key
   float row_sum[2];  // this thread's share of sum(exp2(S * scale - row_max))
-  float scale_log2[kRowScales ? 2 : 1];
-  __device__ __forceinline__ float scale(int h) const { return scale_log2[kRowScales ? h : 0]; }
+  float scale_log2[kBlockScales ? 2 : 1];
+  __device__ __forceinline__ float scale(int h) const { return scale_log2[kBlockScales ? h : 0]; }
+  // x + log2 r, and the exp2 subtrahend of row max m (m - log2 r): x and m unchanged without
+  // kBlockScales (spelled out: x + 0.f is not x for x = -0, so the compiler would keep the add).
+  __device__ __forceinline__ float shifted(float x) const {
+    if constexpr (kBlockScales) return x + shift.log2_r;
+    else return x;
+  }
+  __device__ __forceinline__ float subtrahend(float m) const {
+    if constexpr (kBlockScales) return m - shift.log2_r;
+    else return m;
+  }
+  // Adds a block's sum of exponentials (for each row) to the row sums.
+  __device__ __forceinline__ void add_sums(float sum0, float sum1) {
+    if constexpr (kBlockScales) {
+      row_sum[0] = fmaf(sum0, shift.inv_r, row_sum[0]);
+      row_sum[1] = fmaf(sum1, shift.inv_r, row_sum[1]);
+    } else {
+      row_sum[0] += sum0;
+      row_sum[1] += sum1;
+    }
+  }
 
   __device__ __forceinline__ explicit OnlineSoftmax(float scale) {
 #pragma unroll
@@ -60,7 +100,7 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float block_max = quad_max(mx[h]) * scale(h);
+      const float block_max = shifted(quad_max(mx[h]) * scale(h));
       const bool grow = kLazy ? block_max > row_max[h] + kLazyThreshold : block_max > row_max[h];
       const float m_new = grow ? block_max : row_max[h];
       correction[h] = grow ? hopper::exp2_approx(row_max[h] - m_new) : 1.f;  // exp2(-inf) = 0 on the first block
@@ -80,17 +120,20 @@ struct OnlineSoftmax {
   // GEMM still reads the packed P registers.
   template <int kCols = kBlockN>
   __device__ __forceinline__ void exponentiate(float (&s)[kCols / 2]) {
-    const float sub0 = row_max[0] == -INFINITY ? 0.f : row_max[0];
-    const float sub1 = row_max[1] == -INFINITY ? 0.f : row_max[1];
+    const float sub0 = row_max[0] == -INFINITY ? 0.f : subtrahend(row_max[0]);
+    const float sub1 = row_max[1] == -INFINITY ? 0.f : subtrahend(row_max[1]);
+    float block_sum[2] = {0.f, 0.f};
+    float(&sum)[2] = kBlockScales ? block_sum : row_sum;  // kBlockScales: the block's sums, scaled once
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
       s[4 * j + 0] = exp_scaled(s[4 * j + 0], 0, sub0);
       s[4 * j + 1] = exp_scaled(s[4 * j + 1], 0, sub0);
       s[4 * j + 2] = exp_scaled(s[4 * j + 2], 1, sub1);
       s[4 * j + 3] = exp_scaled(s[4 * j + 3], 1, sub1);
-      row_sum[0] += s[4 * j + 0] + s[4 * j + 1];
-      row_sum[1] += s[4 * j + 2] + s[4 * j + 3];
+      sum[0] += s[4 * j + 0] + s[4 * j + 1];
+      sum[1] += s[4 * j + 2] + s[4 * j + 3];
     }
+    if constexpr (kBlockScales) add_sums(block_sum[0], block_sum[1]);
   }
   // A middle block's softmax without its row max (kLazy only): the exponentials against the running
   // max go straight into P (the PV operand), S stays as it was. Valid when no exponential
@@ -105,7 +148,8 @@ struct OnlineSoftmax {
   __device__ __forceinline__ bool exponentiate_stale(const float (&s)[kBlockN / 2],
                                                      uint32_t (&p)[kBlockN / Mma::kK][4]) {
     static_assert(kLazy, "a stale max is only right under the lazy rescale's bound");
-    const float sub0 = row_max[0], sub1 = row_max[1];  // -inf (no visible key yet): refused below
+    // -inf (no visible key yet): refused below
+    const float sub0 = subtrahend(row_max[0]), sub1 = subtrahend(row_max[1]);
     float sum0 = 0.f, sum1 = 0.f;
     constexpr int kStep = Mma::kK / 2;  // accumulator elements per k-step of the PV
     if constexpr (Mma::kK == 16) {
@@ -138,8 +182,7 @@ struct OnlineSoftmax {
     }
     const bool ok = sum0 <= kLazyBound && sum1 <= kLazyBound && sub0 != -INFINITY && sub1 != -INFINITY;
     if (!__all_sync(0xffffffff, ok)) return false;
-    row_sum[0] += sum0;
-    row_sum[1] += sum1;
+    add_sums(sum0, sum1);
     return true;
   }
 
