@@ -141,14 +141,14 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // and 72): d64 and d128 on two consumers with 128 keys and the stream schedule, masked or not
 // (unmasked: +7-19% at d128 1k-16k, +0-9% at d64 over the schedule without pingpong; perf-log step
 // 98, which also found that earlier choices were measured on inputs whose scores spread 64x too
-// wide); 128-key blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20% (step 72). d256 (O alone is 128 registers),
-// unmasked: 128-key blocks with the consumers at 232 registers (S 64 + P 16 + O 128;
+// wide); 128-key blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20% (step 72). d256 (O
+// alone is 128 registers), unmasked: 128-key blocks with the consumers at 232 registers (S 64 + P 16 + O 128;
 // fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB, so O is staged in the last
 // block's K/V stages; pingpong and the exponentials under the PV: +3-4% over 64-key blocks at 4k
 // and 16k keys (perf-log step 96). Masked: 64-key blocks without pingpong, Q single-buffered:
 // 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB; with per-head descales from 4k keys the unmasked
-// 128-key tile as the second tile (+3% at 4k, +6% at 16k causal; with block descales it read 4-5%
-// slower when calls follow each other; perf-log steps 96 and 99).
+// 128-key tile as the second tile (+3-5% at causal 4k, +4% at 16k; with block descales it reads
+// 3-4% slower, so those keep the 64-key tile: perf-log steps 99 and 101).
 // kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
 // shape and schedule): unmasked from 1k queries (+12% at 1k, +22-36% at 2k-4k, +32% at 8k-16k over
 // the first tile), masked from 2k queries and keys as the bf16 d64 tiles (even there, 8% slower at

@@ -172,10 +172,13 @@ template <class Feat, bool kBlock, class Op>
 Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   const int dim = attn::fp8_head_dim(
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
-  // The second tiles (d64: long sequences; d256 unmasked: short ones), fixed-length batches only
-  // as the 16-bit second tiles.
+  // The second tiles (d64: long sequences; d256: short key sequences unmasked, long ones masked
+  // with per-head descales), fixed-length batches only as the 16-bit second tiles.
   if constexpr (!Feat::kVarlen)
     if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k, kBlock)) {
+      if (dim == 64)
+        return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
+            f, kBlock ? "d64altblk" : "d64alt");
       if (dim == 256) {
         if constexpr (!Feat::kMasked)
           return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, false, kBlock, true>, Feat>(
@@ -183,8 +186,7 @@ Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
         else if constexpr (!kBlock)
           return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, true, false, true>, Feat>(f, "d256alt");
       }
-      return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
-          f, kBlock ? "d64altblk" : "d64alt");
+      // Anything else has no second tile: the first tiles below (a slower kernel, never a wrong one).
     }
   switch (dim) {
     case 64:

@@ -5,22 +5,14 @@
 // their max is -inf, exp2 gets 0 as the subtrahend, and the correction factor is 1.
 #pragma once
 #include <cmath>
-#include <type_traits>
 
 #include "src/hopper/arch.cuh"
 
 namespace fa3::attn {
 
-// kLazy: keep a stale running max until a block's max exceeds it by more than 2^8 (FlashAttention-4's
-// conditional rescaling). Exponentials then reach at most 256 (harmless in fp32 and for bf16/fp16 P),
-// the final 1/sum makes the result exact, and most blocks need no O rescale at all.
-// kBlockScales (FP8 block descales; descale.cuh sets the values): each of the thread's two rows has
-// an exp2 scale of its own, which may change from key block to key block (the running max is in
-// the log2 domain, so a block's scale applies to that block's scores only); and each key block's
-// logits may be shifted by log2 of a factor r (V's block factor): the softmax then runs on
-// S * scale + log2 r, so P comes out multiplied by r, while the row sums take P / r (what the sums
-// of the unshifted logits would be, at the same running max).
-// The current key block's shift (kBlockScales): log2 r and 1 / r; constants otherwise (no storage).
+// The current key block's shift (kBlockScales): log2 r and 1 / r; constants otherwise, in a base
+// class so that they take no storage (a member of an empty type renumbered the 16-bit kernels'
+// PTX registers).
 template <bool kBlockScales>
 struct SoftmaxShift {
   struct {
@@ -35,6 +27,15 @@ struct SoftmaxShift<false> {
   static constexpr Constant shift{};
 };
 
+// kLazy: keep a stale running max until a block's max exceeds it by more than 2^8 (FlashAttention-4's
+// conditional rescaling). Exponentials then reach at most 256 (harmless in fp32 and for bf16/fp16 P),
+// the final 1/sum makes the result exact, and most blocks need no O rescale at all.
+// kBlockScales (FP8 block descales; descale.cuh sets the values): each of the thread's two rows has
+// an exp2 scale of its own, which may change from key block to key block (the running max is in
+// the log2 domain, so a block's scale applies to that block's scores only); and each key block's
+// logits may be shifted by log2 of a factor r (V's block factor): the softmax then runs on
+// S * scale + log2 r, so P comes out multiplied by r, while the row sums take P / r (what the sums
+// of the unshifted logits would be, at the same running max).
 template <int kBlockN, bool kLazy = false, bool kBlockScales = false>
 struct OnlineSoftmax : SoftmaxShift<kBlockScales> {
   using SoftmaxShift<kBlockScales>::shift;
