@@ -120,6 +120,7 @@ FwdCase case_for_instantiation(const std::string& name) {
     if (alt && c.head_dim == 64) c.seqlen_q = 2100, c.seqlen_k = masked ? 2100 : 1100;  // use_fp8_alt_tile
     // d256's 128-key tiles: unmasked (first tile) and masked per head (second tile) from 4k keys
     if (c.head_dim == 256 && (masked ? alt : !alt)) c.seqlen_k = 4200;
+    if (c.head_dim == 128 && alt) c.seqlen_k = 4200;  // d128's 192-key tile: from 4k keys
   } else if (c.head_dim == 64 && masked && !alt) {
     c.seqlen_q = c.seqlen_k = 2100;  // the 192-row tile: masked problems from 2k queries
   } else if (c.head_dim == 96 && alt) {
@@ -1585,22 +1586,24 @@ TEST(FwdGpu, Fp8SmallCases) {
     c.kv_block = 128;
     run_fwd_case(c);
   }
-  // d256 with fixed lengths from 4k keys: the 128-key tiles (unmasked; masked with per-head
-  // descales: shorter key sequences take the 64-key tiles), and the masked 64-key tile with block
-  // descales.
-  for (bool causal : {false, true}) {
-    FwdCase c;
-    c.dtype = FA3_DTYPE_E4M3;
-    c.head_dim = 256;
-    c.seqlen_q = 150;
-    c.seqlen_k = 4200;
-    c.causal = causal;
-    c.heads_q = 2;
-    c.heads_kv = 1;
-    run_fwd_case(c);
-    c.q_block = 64;
-    c.kv_block = 128;
-    run_fwd_case(c);
+  // Fixed lengths from 4k keys: d256's 128-key tiles (unmasked; masked: shorter key sequences take
+  // the 64-key tiles), and d128's 192-key tile with per-head descales (block descales stay on the
+  // 128-key tile; 4200 = 21 x 192 + 168, a key tail).
+  for (int dim : {128, 256}) {
+    for (bool causal : {false, true}) {
+      FwdCase c;
+      c.dtype = FA3_DTYPE_E4M3;
+      c.head_dim = dim;
+      c.seqlen_q = 150;
+      c.seqlen_k = 4200;
+      c.causal = causal;
+      c.heads_q = 2;
+      c.heads_kv = 1;
+      run_fwd_case(c);
+      c.q_block = 64;
+      c.kv_block = 128;
+      run_fwd_case(c);
+    }
   }
 }
 

@@ -404,7 +404,8 @@ void check_v_transpose() {
               EXPECT_EQ(T::source_key(m, q), (pos + q) / 32 * 32 + hopper::MmaE4m3::key_of_position((pos + q) % 32));
             }
           }
-          EXPECT_LE(*std::max_element(per_bank.begin(), per_bank.end()), T::kH) << "store bank conflict, s " << s;
+          EXPECT_LE(*std::max_element(per_bank.begin(), per_bank.end()), T::lane_map(s, 0).h_lanes)
+              << "store bank conflict, s " << s;
         }
     }
   for (int x : written) ASSERT_EQ(x, 1);
@@ -414,7 +415,9 @@ TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
   check_v_transpose<FwdFp8Config<64, false>>();
   check_v_transpose<FwdFp8Config<128, true>>();
   check_v_transpose<FwdFp8Config<256, false>>();
-  check_v_transpose<Fp8Tile<TileConfig<128, 192, 64, 2, false>>>();  // a tuning variant (bench/tune_d128.cu)
+  check_v_transpose<Fp8Tile<TileConfig<128, 192, 64, 2, false>>>();  // tuning variants (bench/tune_d128.cu)
+  check_v_transpose<Fp8Tile<TileConfig<128, 128, 192, 2, false>>>();  // a 128-key part and a 64-key part
+  check_v_transpose<Fp8Tile<TileConfig<64, 128, 256, 2, false>>>();   // two 128-key parts
 }
 
 }  // namespace

@@ -145,7 +145,8 @@ typedef struct fa3_fwd_params {
 
   /* FP8 block descales (e4m3 only; data NULL = none): Q's per query head [batch][heads_q][blocks],
    * K's and V's per kv head [batch][heads_kv][blocks]. Q's join the row's softmax constant, K's the
-   * key block's, V's rescale O between key blocks (fa3's Hopper FP8 kernel, and the reference).
+   * key block's, V's multiply the block's probabilities (the Hopper FP8 kernel shifts the block's
+   * logits by log2 of the factor).
    * Appended: a caller built before them passes struct_size FA3_FWD_PARAMS_SIZE_V1 and has none. */
   fa3_block_scales q_block_descale;
   fa3_block_scales k_block_descale;

@@ -30,7 +30,7 @@ __device__ __forceinline__ float output_descale(const FwdKernelParams& p, int ba
 }
 
 // The FP8 kernel's softmax with block descales (tiles WithBlockDescales; without them the kernel
-// keeps the plain OnlineSoftmax, whose per-block cost this would add: 3-9% measured):
+// keeps the plain OnlineSoftmax, whose per-block cost this would add):
 //  - Q's factor of each of the thread's two rows and the head's dq dk join that row's exp2 scale
 //    (once per tile);
 //  - K's factor of key block n multiplies those for block n's scores (two FMULs per block: the
@@ -39,56 +39,28 @@ __device__ __forceinline__ float output_descale(const FwdKernelParams& p, int ba
 //    out as P v(n), so the PV accumulates sum P v(n) V_8 = sum P V, and the row sums take the block's
 //    sums / v(n). The running max runs over the shifted logits, so it absorbs the factors' range
 //    (P v(n) stays <= 2^8, inside e4m3's range, whatever the factors), and O needs no rescale when
-//    V's factor changes: the stale max (kLazyRescale) keeps skipping it. Cost: a MUFU.LG2 and a
-//    MUFU.RCP per block where the factor changes. (The earlier form, O kept in units of the current
-//    V factor and rescaled by v(n+1) / v(n) before each PV, rescaled O at every block: block
-//    descales 2-5% slower; perf-log step 99.) Accuracy: P is rounded to e4m3 relative to the
-//    largest P v(n) of its row instead of the largest P, so a row's probabilities in blocks of
-//    smaller V factors sit lower in e4m3's range: a float64 model of the roundings put it at +0.5%
-//    of RMSE, FlashAttention-3's error test measured 8.71e-3 -> 8.68e-3 (blocks of 128 + rotation).
-// Each operand's factors are walked one key block at a time downwards (no division per block), the
-// next block's loaded at the end of begin_block. ptxas keeps the factors in uniform registers, so
-// each load is waited for at once (an R2UR after it): with every factor equal the block-descale
-// kernels still read 6-11% below the per-head ones (perf-log step 99; calling begin_block before
-// S's wait lost 3-4%, step 100).
+//    V's factor changes: the stale max (kLazyRescale) keeps skipping it. (The earlier form, O kept
+//    in units of the current V factor and rescaled by v(n+1) / v(n) before each PV, rescaled O at
+//    every block: block descales 2-5% slower; perf-log step 99.) Accuracy: P is rounded to e4m3
+//    relative to the largest P v(n) of its row instead of the largest P, so a row's probabilities
+//    in blocks of smaller V factors sit lower in e4m3's range: a float64 model of the roundings put
+//    it at +0.5% of RMSE, FlashAttention-3's error test measured 8.71e-3 -> 8.68e-3 (blocks of 128
+//    + rotation).
+// Block n's K factor, log2 v(n) and 1 / v(n) come with its K stage (the producer writes them
+// beside it: fwd_smem.cuh's KeyBlockFactorSlots), one LDS.128 after S's wait. (The consumers
+// walked the factor arrays themselves before: ptxas kept the factors in uniform registers, so each
+// global load was waited for at once; block descales read 0.84-0.95 of per head then, perf-log
+// steps 99, 100 and 102.)
 template <int kBlockN, bool kLazy>
 struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kBlockScales=*/true> {
   using Base = OnlineSoftmax<kBlockN, kLazy, true>;
 
-  // One operand's factors (K's or V's) from block `at` downwards.
-  struct Factors {
-    const float* data;  // this (sequence, kv head)'s, or null (every factor 1)
-    int per;            // key blocks per factor (block_size / kBlockN)
-    int index = 0, rest = 0;  // block at's factor, and how many blocks below `at` share it
-    float next = 1.f;         // block at's factor
-    __device__ __forceinline__ void seek(int at) {
-      if (data == nullptr) return;
-      index = at / per;
-      rest = at - index * per;
-      next = data[index];
-    }
-    __device__ __forceinline__ void step() {  // at -> at - 1
-      if (data == nullptr) return;
-      if (rest > 0) {
-        --rest;
-      } else {
-        rest = per - 1;
-        if (--index >= 0) next = data[index];
-      }
-    }
-  };
   float row_base[2];  // the rows' scales before K's factor
-  Factors k, v;
-  int at;               // the block whose factors k.next, v.next are
-  float v_shifted = 1.f;  // the V factor the shift holds now (Base::shift: log2 of it, and 1 / it)
-  float dv;
 
-  // rows: the positions of the thread's two rows in the sequence; first_block: the tile's first key
-  // block (its factors are loaded now).
+  // rows: the positions of the thread's two rows in the sequence.
   __device__ __forceinline__ Fp8Softmax(const FwdKernelParams& p, int batch, int head_q, const int (&rows)[2],
-                                        int seqlen_q, int first_block)
+                                        int seqlen_q)
       : Base(softmax_scale_log2<true>(p, batch, head_q)) {
-    const int kv_head = head_q / p.head_ratio;
     const fa3_block_scales& q = p.q_block;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -96,42 +68,16 @@ struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kBlockScales=*/true> {
       row_base[h] = this->scale_log2[h] *
                     (in ? q.data[batch * q.batch_stride + head_q * q.head_stride + rows[h] / q.block_size] : 1.f);
     }
-    auto factors = [&](const fa3_block_scales& b) {
-      return Factors{b.data ? b.data + batch * b.batch_stride + kv_head * b.head_stride : nullptr,
-                     b.block_size / kBlockN};
-    };
-    k = factors(p.k_block);
-    v = factors(p.v_block);
-    at = first_block;
-    k.seek(at);
-    v.seek(at);
-    dv = output_descale<true>(p, batch, head_q);
   }
 
-  // Key block n's softmax starts: its scales and V's shift.
-  __device__ __forceinline__ void begin_block(int n) {
-    if (n != at) {  // blocks walked past before the tile's first (MainloopMma::kSkipHidden)
-      at = n;
-      k.seek(n);
-      v.seek(n);
-    }
-    const float kf = k.next, vf = v.next;
-    k.step();
-    v.step();
-    --at;
-    this->scale_log2[0] = row_base[0] * kf;
-    this->scale_log2[1] = row_base[1] * kf;
-    if (vf != v_shifted) {  // the same for the whole warp
-      v_shifted = vf;
-      // A zero factor (a block of V that is all zeros) as 1e-30: its P v(n) underflows to 0 in
-      // e4m3, its sums still count (fp32 holds P v(n) / v(n) exactly enough).
-      const float r = vf == 0.f ? 1e-30f : vf;
-      this->shift.log2_r = __log2f(r);
-      this->shift.inv_r = __fdividef(1.f, r);
-    }
+  // Key block n's softmax starts: its scales and V's shift, from its K stage's slot (K's factor,
+  // log2 of V's, 1 / V's: fwd_smem.cuh).
+  __device__ __forceinline__ void begin_block(float4 f) {
+    this->scale_log2[0] = row_base[0] * f.x;
+    this->scale_log2[1] = row_base[1] * f.x;
+    this->shift.log2_r = f.y;
+    this->shift.inv_r = f.z;
   }
-  // What O's final 1/sum is multiplied by (V's factors are in P already).
-  __device__ __forceinline__ float o_factor() const { return dv; }
 };
 
 }  // namespace fa3::attn

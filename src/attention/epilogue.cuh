@@ -81,9 +81,8 @@ struct Epilogue {
       for (int h = 0; h < 2; ++h) join_sink(p.sinks[row_head(w, h)], inv[h], lse[h]);
     }
     if constexpr (kFp8) {
-      float dv;
-      if constexpr (Cfg::kBlockDescales) dv = softmax.o_factor();  // and V's block factor (descale.cuh)
-      else dv = output_descale<true>(p, w.batch, w.head);
+      // (V's block factors, if any, are in P already: descale.cuh.)
+      const float dv = output_descale<true>(p, w.batch, w.head);
       inv[0] *= dv;
       inv[1] *= dv;
     }

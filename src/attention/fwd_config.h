@@ -136,33 +136,35 @@ template <>
 struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> {};
 // The FP8 (e4m3) tiles: Q/K/V of one byte, O in bf16. wgmma takes e4m3 operands K-major only, so
 // the PV's B is V^T, which warps 1-3 of the producer warpgroup write from the loaded V block into
-// stages of their own (v_transpose.cuh; its lane map wants 64- or 128-key blocks). The GEMMs take
+// stages of their own (v_transpose.cuh; key blocks in parts of 128 and 64 keys). The GEMMs take
 // half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, perf-log steps 65
 // and 72): d64 and d128 on two consumers with 128 keys and the stream schedule, masked or not
 // (unmasked: +7-19% at d128 1k-16k, +0-9% at d64 over the schedule without pingpong; perf-log step
 // 98, which also found that earlier choices were measured on inputs whose scores spread 64x too
-// wide); 128-key blocks beat 192 and 224 (FlashAttention-3's widths) by 5-20% (step 72). d256 (O
-// alone is 128 registers), unmasked: 128-key blocks with the consumers at 232 registers (S 64 + P 16 + O 128;
-// fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB, so O is staged in the last
-// block's K/V stages; pingpong and the exponentials under the PV: +3-4% over 64-key blocks at 4k
-// and 16k keys (perf-log step 96). Masked: 64-key blocks without pingpong, Q single-buffered:
-// 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB; with per-head descales from 4k keys the unmasked
-// 128-key tile as the second tile (+3-5% at causal 4k, +4% at 16k; with block descales it reads
-// 3-4% slower, so those keep the 64-key tile: perf-log steps 99 and 101).
+// wide). d256 (O alone is 128 registers), unmasked: 128-key blocks with the consumers at 232
+// registers (S 64 + P 16 + O 128; fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB,
+// so O is staged in the last block's K/V stages; pingpong and the exponentials under the PV: +3-4%
+// over 64-key blocks at 4k and 16k keys (perf-log step 96). Masked: 64-key blocks without
+// pingpong, Q single-buffered: 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB; from 4k keys the
+// unmasked 128-key tile as the second tile (+3-5% at causal 4k-16k, block descales too since
+// their factors come with the K stages: perf-log steps 99, 102 and 103).
 // kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
 // shape and schedule): unmasked from 1k queries (+12% at 1k, +22-36% at 2k-4k, +32% at 8k-16k over
 // the first tile), masked from 2k queries and keys as the bf16 d64 tiles (even there, 8% slower at
 // causal 1k; perf-log step 98).
+// kAlt, d128's second tile: 192-key blocks from 4k keys (S 96 + P 24 + O 64 registers; smem Q 2 x
+// 16 + 2 x (K 24 + V 24 + V^T 32, two panels) + O 32 KB): +5-6% at 16k, even at 4k, 17% slower at
+// causal 1k (perf-log step 104). Per-head descales only: a 192-key block spans two blocks of
+// block-descale factors (128 keys).
 // kAlt, d256's second tiles: unmasked, 64-key blocks with pingpong for key sequences shorter than
-// 4k (less of the last block wasted: +5% at 1k, even at 2k); masked with per-head descales, the
-// 128-key tile from 4k keys.
+// 4k (less of the last block wasted: +5% at 1k, even at 2k); masked, the 128-key tile from 4k keys.
 template <int kHeadDim, bool kMasked, bool kAlt = false>
 struct FwdFp8Config;
 template <class Cfg>
 struct Fp8Tile : Cfg {
   static constexpr int kOperandBytes = 1;
-  static_assert((Cfg::kBlockN == 128 || Cfg::kBlockN == 64) && (Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
-                "the V transpose's lane map: 64- or 128-key blocks; 2 or 3 consumers");
+  static_assert(Cfg::kBlockN % 64 == 0 && (Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
+                "the V transpose's lane map: parts of 128 and 64 keys; 2 or 3 consumers");
 };
 template <bool kMasked>
 struct FwdFp8Config<64, kMasked> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};
@@ -171,6 +173,8 @@ struct FwdFp8Config<64, kMasked, true>
     : Fp8Tile<TileConfig<64, 192, 128, 2, false, kSoftmaxBoundSchedule | kCrossTile>> {};
 template <bool kMasked>
 struct FwdFp8Config<128, kMasked> : Fp8Tile<TileConfig<128, 128, 128, 2, false, kStreamSchedule>> {};
+template <bool kMasked>
+struct FwdFp8Config<128, kMasked, true> : Fp8Tile<TileConfig<128, 128, 192, 2, false, kStreamSchedule>> {};
 template <>
 struct FwdFp8Config<256, false> : Fp8Tile<TileConfig<256, 128, 128, 2, true>> {};
 template <>
@@ -180,7 +184,8 @@ struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFul
 template <>
 struct FwdFp8Config<256, true, true> : FwdFp8Config<256, false> {};
 inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k, bool block_descales) {
-  if (head_dim == 256) return masked ? !block_descales && seqlen_k >= 4096 : seqlen_k < 4096;
+  if (head_dim == 256) return masked ? seqlen_k >= 4096 : seqlen_k < 4096;
+  if (head_dim == 128) return !block_descales && seqlen_k >= 4096;
   if (head_dim != 64) return false;
   return masked ? seqlen_q >= 2048 && seqlen_k >= 2048 : seqlen_q >= 1024;
 }

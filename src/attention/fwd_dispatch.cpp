@@ -172,20 +172,19 @@ template <class Feat, bool kBlock, class Op>
 Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   const int dim = attn::fp8_head_dim(
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
-  // The second tiles (d64: long sequences; d256: short key sequences unmasked, long ones masked
-  // with per-head descales), fixed-length batches only as the 16-bit second tiles.
+  // The second tiles (d64: long sequences; d128: long key sequences with per-head descales; d256:
+  // short key sequences unmasked, long ones masked), fixed-length batches only as the 16-bit
+  // second tiles.
   if constexpr (!Feat::kVarlen)
     if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k, kBlock)) {
       if (dim == 64)
         return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
             f, kBlock ? "d64altblk" : "d64alt");
-      if (dim == 256) {
-        if constexpr (!Feat::kMasked)
-          return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, false, kBlock, true>, Feat>(
-              f, kBlock ? "d256altblk" : "d256alt");
-        else if constexpr (!kBlock)
-          return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, true, false, true>, Feat>(f, "d256alt");
-      }
+      if (dim == 256)
+        return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, Feat::kMasked, kBlock, true>, Feat>(
+            f, kBlock ? "d256altblk" : "d256alt");
+      if constexpr (!kBlock)
+        if (dim == 128) return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<128, Feat::kMasked, false, true>, Feat>(f, "d128alt");
       // Anything else has no second tile: the first tiles below (a slower kernel, never a wrong one).
     }
   switch (dim) {

@@ -21,6 +21,19 @@ struct VtBarriers<kStages, true> {
   int v_loaded[kStages];
 };
 
+// FP8 block descales (descale.cuh): key block n's factors, written by the producer beside the K
+// stage that holds block n (before the stage's arrival) and read by the consumers after their wait
+// on it, so the consumers neither walk nor wait for the factor arrays (perf-log step 102). One
+// 16-byte slot per K stage (as a float4: K's factor, log2 of V's, 1 / V's, unused), read with one
+// LDS.128 by its shared address (MainloopMma::s_done; a generic pointer made it two LD.E).
+// Other kernels have none (an empty base).
+template <int kStages, bool kBlockDescales>
+struct KeyBlockFactorSlots {};
+template <int kStages>
+struct KeyBlockFactorSlots<kStages, true> {
+  float4 k_factors[kStages];
+};
+
 template <class Cfg>
 struct FwdSmem {
   // Q and K have head_dim_qk columns, V and O head_dim_v (TileConfig::kHeadDimV). O is staged for
@@ -77,7 +90,7 @@ struct FwdSmem {
     int m_block, head, batch, n_min, n_max;
     int seqlen_q, seqlen_k, q_row0, k_row0;
   };
-  struct Barriers : VtBarriers<Cfg::kStages, kTransposeV> {
+  struct Barriers : VtBarriers<Cfg::kStages, kTransposeV>, KeyBlockFactorSlots<Cfg::kStages, Cfg::kBlockDescales> {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;
     TileNote note[kQStages];

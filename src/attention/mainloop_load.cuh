@@ -122,7 +122,27 @@ struct MainloopLoad {
   __device__ __forceinline__ void load_k(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                          hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
                                          const Seq& seq) const {
-    load_keys<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, n, kv_head, seq);
+    if constexpr (Cfg::kBlockDescales) {
+      // Block n's K and V factors go beside its K stage (fwd_smem.cuh's KeyBlockFactorSlots). Loaded
+      // before the wait for a free stage, whose time hides their latency; log2 and 1/v after it.
+      const float kf = block_factor(p.k_block, seq.batch, kv_head, n);
+      const float vf = block_factor(p.v_block, seq.batch, kv_head, n);
+      load_keys<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, n, kv_head, seq, [&](int stage) {
+        // A zero V factor (a block of V that is all zeros) as 1e-30: its P v(n) underflows to 0 in
+        // e4m3, its sums still count (fp32 holds P v(n) / v(n) exactly enough).
+        const float r = vf == 0.f ? 1e-30f : vf;
+        hopper::st_shared_f32x4(hopper::smem_u32(&smem.bars().k_factors[stage]),
+                                make_float4(kf, __log2f(r), __fdividef(1.f, r), 0.f));
+      });
+    } else {
+      load_keys<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, n, kv_head, seq);
+    }
+  }
+  // Key block n's factor of one operand (1 without block descales for it). Blocks of factors are
+  // whole key blocks (block_size a multiple of 128: validated).
+  __device__ __forceinline__ static float block_factor(const fa3_block_scales& b, int batch, int kv_head, int n) {
+    if (b.data == nullptr) return 1.f;
+    return b.data[batch * b.batch_stride + kv_head * b.head_stride + n / (b.block_size / Cfg::kBlockN)];
   }
   __device__ __forceinline__ void load_v(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                          hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,

@@ -200,14 +200,35 @@ struct MainloopMma {
     if (thread == 0) ring.consumer_release(st);
     st.advance();
   }
+  // Block descales: every thread reads the factors beside K's stage, and an arrival releases only
+  // the arriving thread's own reads, so every thread arrives (fwd_kernel.cuh counts 128 per
+  // warpgroup; a lane per warp after __syncwarp left the other lanes' reads unordered for
+  // compute-sanitizer's racecheck). Where the warpgroup's threads have met since (kept stages,
+  // walked-past blocks), thread 0 arrives for all of them.
+  static constexpr uint32_t kKReleasers = Cfg::kBlockDescales ? hopper::kWarpgroupSize : 1;
+  __device__ __forceinline__ void release_k_by_each(hopper::PipelineState<Cfg::kStages>& st) {
+    if constexpr (Cfg::kBlockDescales) {
+      smem.bars().k.consumer_release(st);
+      st.advance();
+    } else {
+      release(smem.bars().k, st);
+    }
+  }
+  __device__ __forceinline__ void release_k_for_all(const hopper::PipelineState<Cfg::kStages>& st) {  // thread 0
+    if constexpr (Cfg::kBlockDescales) smem.bars().k.consumer_release(st, kKReleasers);
+    else smem.bars().k.consumer_release(st);
+  }
 
   // Releases the stage, or (keep) holds it back in `held` for O's staging (kOInKV).
+  template <bool kIsK = false>
   __device__ __forceinline__ void release_or_keep(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                                   hopper::PipelineState<Cfg::kStages>& st, bool keep,
                                                   hopper::PipelineState<Cfg::kStages>& held) {
     if (keep) {
       held = st;
       st.advance();
+    } else if constexpr (kIsK) {
+      release_k_by_each(st);
     } else {
       release(ring, st);
     }
@@ -222,7 +243,7 @@ struct MainloopMma {
   __device__ __forceinline__ void release_kept() {
     if (thread == 0) {
       hopper::tma_store_wait_read();
-      if (kKeepK) smem.bars().k.consumer_release(k_last);
+      if (kKeepK) release_k_for_all(k_last);
       pv_ring().consumer_release(v_last);
     }
     kept = false;
@@ -267,7 +288,6 @@ struct MainloopMma {
                                                 Softmax& softmax, int n, int m_block, const Seq& seq) {
     float corr[2];
     pv_width = width;
-    softmax.begin_block(n);
     if (width == kFull) {
       Scores::apply(s, p);
       mask_if_needed(s, n, m_block, seq);
@@ -316,12 +336,15 @@ struct MainloopMma {
     if constexpr (kSecond != kNoGemm) issue(std::integral_constant<int, kSecond>{}, false);
     if (kTurn) turn_pass();
   }
-  // S of the QK^T issued kPending groups ago is complete: its K stage goes back (or is kept for O).
+  // S of the QK^T issued kPending groups ago is complete: the softmax takes the block's factors
+  // from its K stage (block descales), and the stage goes back (or is kept for O).
   template <int kPending>
-  __device__ __forceinline__ void s_done(SFrag& s, bool keep_k) {
+  __device__ __forceinline__ void s_done(SFrag& s, bool keep_k, Softmax& softmax) {
     hopper::wgmma_wait<kPending>();
     hopper::fence_operand(s);
-    release_or_keep(smem.bars().k, k_st, keep_k, k_last);
+    if constexpr (Cfg::kBlockDescales)
+      softmax.begin_block(hopper::ld_shared_f32x4(hopper::smem_u32(&smem.bars().k_factors[k_st.index])));
+    release_or_keep</*kIsK=*/true>(smem.bars().k, k_st, keep_k, k_last);
   }
   // The PV issued kPending groups ago has finished reading P and its V stage.
   template <int kPending>
@@ -353,7 +376,7 @@ struct MainloopMma {
     issue_step<kQk>(s, q_stage, o, pa);
     if constexpr (Cfg::kOInKV)
       if (kept) release_kept();
-    s_done<0>(s, kKeepK && r.n_min == r.n_max - 1);
+    s_done<0>(s, kKeepK && r.n_min == r.n_max - 1, softmax);
     first_softmax(first_block_width(r.n_max - 1, m_block, seq), s, pa, softmax, r.n_max - 1, m_block, seq);
   }
 
@@ -364,7 +387,7 @@ struct MainloopMma {
                                                 OFrag& o, SFrag& s, PFrag& pa, Softmax& softmax) {
     for (int n = r.n_max - 2; n >= r.n_min; --n) {
       issue_step<kQk, kPv>(s, q_stage, o, pa);
-      s_done<1>(s, kKeepK && n == r.n_min);  // S of block n is ready; PV of block n+1 still runs
+      s_done<1>(s, kKeepK && n == r.n_min, softmax);  // S of block n is ready; PV of block n+1 still runs
       middle_softmax(s, pa, o, softmax, n, m_block, seq);
     }
   }
@@ -374,7 +397,6 @@ struct MainloopMma {
   __device__ __forceinline__ void middle_softmax(SFrag& s, PFrag& pa, OFrag& o, Softmax& softmax, int n, int m_block,
                                                  const Seq& seq) {
     float corr[2];
-    softmax.begin_block(n);
     Scores::apply(s, p);
     if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
     bool any_rescale;
@@ -413,7 +435,7 @@ struct MainloopMma {
   }
   __device__ __forceinline__ void next_first_softmax(int m_next, const Seq& seq_next, const BlockRange& r_next,
                                                      SFrag& s, PFrag& pa, Softmax& next) {
-    s_done<0>(s, false);
+    s_done<0>(s, false, next);
     first_softmax(first_block_width(r_next.n_max - 1, m_next, seq_next), s, pa, next, r_next.n_max - 1, m_next,
                   seq_next);
   }
@@ -436,7 +458,8 @@ struct MainloopMma {
     turn_wait();
     turn_pass();
     warpgroup_sync();  // no wgmma ties the warps here: each has waited before thread 0 releases
-    release(bars.k, k_st);
+    if (thread == 0) release_k_for_all(k_st);
+    k_st.advance();
     pv_ring().consumer_wait(v_st);
     warpgroup_sync();
     release(pv_ring(), v_st);
@@ -463,9 +486,8 @@ struct MainloopMma {
         pv_done<0>(o);
         if (--n < r.n_min) break;
         issue_step<kQk>(s, q_stage, o, pa);
-        s_done<0>(s, false);
+        s_done<0>(s, false, softmax);
         Scores::apply(s, p);
-        softmax.begin_block(n);
         if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
         if (softmax.update_max(s, corr)) rescale(o, corr);
         softmax.exponentiate(s);

@@ -42,9 +42,6 @@ struct OnlineSoftmax : SoftmaxShift<kBlockScales> {
   static constexpr float kLazyThreshold = 8.f;  // log2 of the largest tolerated exponential
   static constexpr float kLazyBound = 256.f;     // 2^kLazyThreshold
   static constexpr int kPerRow = kBlockN / 4;  // scores per thread per row
-  // The mainloop's hook for block-scaled operands (descale.cuh's Fp8Softmax sets a key block's
-  // scales and shift): none here.
-  __device__ __forceinline__ void begin_block(int) {}
   float row_max[2];  // max(S * scale) so far (log2 domain), -inf before any visible key
   float row_sum[2];  // this thread's share of sum(exp2(S * scale - row_max))
   float scale_log2[kBlockScales ? 2 : 1];

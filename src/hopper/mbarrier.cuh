@@ -80,6 +80,11 @@ struct PipelineBarriers {
   __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st) {
     mbarrier_arrive(&empty[st.index]);
   }
+  // `count` arrivals at once: one thread releasing for others whose reads are ordered before its
+  // own (by a barrier they passed).
+  __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st, uint32_t count) {
+    (void)ptx::mbarrier_arrive(&empty[st.index], count);
+  }
   // Called by the first `cluster_ctas` threads of a warp together: thread r signals CTA r.
   __device__ __forceinline__ void consumer_release_cluster(const PipelineState<kStages>& st, uint32_t rank) {
     mbarrier_arrive_cluster(&empty[st.index], rank);
