@@ -1603,6 +1603,16 @@ TEST(FwdGpu, Fp8SmallCases) {
       c.q_block = 64;
       c.kv_block = 128;
       run_fwd_case(c);
+      if (dim == 128) {  // the 192-key tile's K/V paged (boxes of gcd(192, page) rows), a window, GQA 4:1
+        c.q_block = c.kv_block = 0;
+        c.page_size = causal ? 16 : 256;
+        run_fwd_case(c);
+        c.page_size = 0;
+        c.heads_q = 4;
+        c.window_left = 700;
+        c.window_right = causal ? -1 : 300;
+        run_fwd_case(c);
+      }
     }
   }
 }
