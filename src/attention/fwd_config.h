@@ -194,6 +194,7 @@ inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen
 template <class Cfg>
 struct WithBlockDescales : Cfg {
   static_assert(Cfg::kOperandBytes == 1, "block descales are for e4m3 operands");
+  static_assert(128 % Cfg::kBlockN == 0, "a key block within one block of factors (multiples of 128 keys)");
   static constexpr bool kBlockDescales = true;
 };
 constexpr int fp8_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }

@@ -21,9 +21,7 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   auto& bars = smem.bars();
   if (threadIdx.x == 0) {
     bars.q.init(Shape::kConsumers * hopper::kWarpgroupSize);  // every consumer thread releases Q (consumer.cuh)
-    // Block descales: every consumer thread reads the K stage's factors (fwd_smem.cuh), so every
-    // thread releases the stage (MainloopMma::release_k_by_each).
-    bars.k.init(Shape::kConsumers * (Cfg::kBlockDescales ? hopper::kWarpgroupSize : 1));
+    bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers);
     if constexpr (Shape::kTransposeV) {
       bars.v.init(VTranspose<Cfg>::kThreads);  // V's readers are the transposer's threads,
       bars.vt.init(Shape::kConsumers, VTranspose<Cfg>::kThreads);  // V^T's writers too

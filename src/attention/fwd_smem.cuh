@@ -90,6 +90,11 @@ struct FwdSmem {
     int m_block, head, batch, n_min, n_max;
     int seqlen_q, seqlen_k, q_row0, k_row0;
   };
+  // Arrivals per consumer warpgroup that release a K stage: thread 0's, or with block descales
+  // every thread's, since each reads the stage's factor slot and an mbarrier arrival orders only
+  // the arriving thread's own reads (a lane per warp after __syncwarp left the other lanes' reads
+  // unordered for compute-sanitizer's racecheck; perf-log step 102).
+  static constexpr uint32_t kKReleasers = Cfg::kBlockDescales ? hopper::kWarpgroupSize : 1;
   struct Barriers : VtBarriers<Cfg::kStages, kTransposeV>, KeyBlockFactorSlots<Cfg::kStages, Cfg::kBlockDescales> {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;

@@ -195,42 +195,32 @@ struct MainloopMma {
     else return smem.v(stage);
   }
 
+  // A stage goes back: its ring's empty barrier counts `releasers` arrivals per warpgroup
+  // (FwdSmem::kKReleasers): thread 0's, or every thread's where each read the stage by itself.
   __device__ __forceinline__ void release(hopper::PipelineBarriers<Cfg::kStages>& ring,
-                                          hopper::PipelineState<Cfg::kStages>& st) {
-    if (thread == 0) ring.consumer_release(st);
+                                          hopper::PipelineState<Cfg::kStages>& st, uint32_t releasers = 1) {
+    if (releasers > 1 || thread == 0) ring.consumer_release(st);
     st.advance();
   }
-  // Block descales: every thread reads the factors beside K's stage, and an arrival releases only
-  // the arriving thread's own reads, so every thread arrives (fwd_kernel.cuh counts 128 per
-  // warpgroup; a lane per warp after __syncwarp left the other lanes' reads unordered for
-  // compute-sanitizer's racecheck). Where the warpgroup's threads have met since (kept stages,
-  // walked-past blocks), thread 0 arrives for all of them.
-  static constexpr uint32_t kKReleasers = Cfg::kBlockDescales ? hopper::kWarpgroupSize : 1;
-  __device__ __forceinline__ void release_k_by_each(hopper::PipelineState<Cfg::kStages>& st) {
-    if constexpr (Cfg::kBlockDescales) {
-      smem.bars().k.consumer_release(st);
-      st.advance();
-    } else {
-      release(smem.bars().k, st);
-    }
-  }
-  __device__ __forceinline__ void release_k_for_all(const hopper::PipelineState<Cfg::kStages>& st) {  // thread 0
-    if constexpr (Cfg::kBlockDescales) smem.bars().k.consumer_release(st, kKReleasers);
-    else smem.bars().k.consumer_release(st);
+  // The same by thread 0 alone, for a warpgroup whose threads have met since their reads (kept
+  // stages, walked-past blocks).
+  __device__ __forceinline__ static void release_for_all(hopper::PipelineBarriers<Cfg::kStages>& ring,
+                                                         const hopper::PipelineState<Cfg::kStages>& st,
+                                                         uint32_t releasers = 1) {
+    if (releasers > 1) ring.consumer_release(st, releasers);
+    else ring.consumer_release(st);
   }
 
   // Releases the stage, or (keep) holds it back in `held` for O's staging (kOInKV).
-  template <bool kIsK = false>
   __device__ __forceinline__ void release_or_keep(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                                   hopper::PipelineState<Cfg::kStages>& st, bool keep,
-                                                  hopper::PipelineState<Cfg::kStages>& held) {
+                                                  hopper::PipelineState<Cfg::kStages>& held,
+                                                  uint32_t releasers = 1) {
     if (keep) {
       held = st;
       st.advance();
-    } else if constexpr (kIsK) {
-      release_k_by_each(st);
     } else {
-      release(ring, st);
+      release(ring, st, releasers);
     }
   }
   // kOInKV, after the tile: where this warpgroup stages its 64 rows of O (consumer 1 the held V
@@ -243,7 +233,7 @@ struct MainloopMma {
   __device__ __forceinline__ void release_kept() {
     if (thread == 0) {
       hopper::tma_store_wait_read();
-      if (kKeepK) release_k_for_all(k_last);
+      if (kKeepK) release_for_all(smem.bars().k, k_last, Smem::kKReleasers);
       pv_ring().consumer_release(v_last);
     }
     kept = false;
@@ -344,7 +334,7 @@ struct MainloopMma {
     hopper::fence_operand(s);
     if constexpr (Cfg::kBlockDescales)
       softmax.begin_block(hopper::ld_shared_f32x4(hopper::smem_u32(&smem.bars().k_factors[k_st.index])));
-    release_or_keep</*kIsK=*/true>(smem.bars().k, k_st, keep_k, k_last);
+    release_or_keep(smem.bars().k, k_st, keep_k, k_last, Smem::kKReleasers);
   }
   // The PV issued kPending groups ago has finished reading P and its V stage.
   template <int kPending>
@@ -458,7 +448,7 @@ struct MainloopMma {
     turn_wait();
     turn_pass();
     warpgroup_sync();  // no wgmma ties the warps here: each has waited before thread 0 releases
-    if (thread == 0) release_k_for_all(k_st);
+    if (thread == 0) release_for_all(bars.k, k_st, Smem::kKReleasers);
     k_st.advance();
     pv_ring().consumer_wait(v_st);
     warpgroup_sync();
