@@ -71,11 +71,8 @@ Status by_mask(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream
 }  // namespace
 
 size_t hopper_bwd_workspace_bytes(const FwdProblem& f) {
-  static_assert(attn::BwdConfig<64>::kBlockM == attn::BwdConfig<128>::kBlockM &&
-                    attn::BwdQueryRowsConfig<256>::kBlockM == attn::BwdConfig<128>::kBlockM,
-                "the workspace layout assumes one query block size");
   const int d = attn::bwd_padded_head_dim(f.p->head_dim_qk, f.p->head_dim_v);
-  return attn::bwd_workspace_layout(*f.p, attn::BwdConfig<64>::kBlockM, d).bytes;
+  return attn::bwd_workspace_layout(*f.p, attn::bwd_block_m(d), d).bytes;
 }
 
 Status hopper_bwd(const fa3_bwd_params& b, const FwdProblem& f, cudaStream_t stream) {

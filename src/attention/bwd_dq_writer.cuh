@@ -1,6 +1,6 @@
 // The dQ writer: an elected lane of the producer warpgroup's warp 1 takes the consumers' staged
-// 64 x 64 dQ parts in the order they make them (BwdWalk; d128: both warpgroups' parts each step,
-// d64: the step's warpgroup) and reduce-adds each into the fp32
+// 64 x 64 dQ parts in the order they make them (BwdWalk; both warpgroups' parts each step) and
+// reduce-adds each into the fp32
 // workspace with one cp.reduce.async.bulk, off the consumers' path (FlashAttention-3 gives this to a
 // warp of its own).
 // Deterministic mode: before a step's adds, the lane waits on the query block's semaphore for the
@@ -27,19 +27,17 @@ struct BwdDqWriter {
   const BwdKernelParams& p;
   Smem smem;
 
-  // Part q of step `it` comes from warpgroup `wg` as its k-th staged part, in buffer k % kBuffers,
-  // phase k / kBuffers % 2 of its ring: d128 a part per warpgroup; d64 the step's warpgroup. `part`
-  // is its column block of dQ.
+  // Part q of step `it` comes from warpgroup q as its it-th staged part, in buffer it % kBuffers,
+  // phase it / kBuffers % 2 of its ring; it is the q-th 64 x 64 part of the query block's
+  // accumulator tile (bwd_config.h: d128's column blocks, d64's row blocks).
   struct Staged {
     int wg, part;
     hopper::PipelineState<Cfg::kDqBuffers> st;
     __device__ __forceinline__ Staged(int it, int q) {
-      static_assert(Cfg::kDqParts <= 2, "a dQ part per warpgroup and step at most");
-      wg = Cfg::kDqParts == 2 ? q : (it & 1);
-      part = Cfg::kDqParts == 2 ? wg : 0;
-      const int k = Cfg::kDqParts == 1 ? it >> 1 : it;
-      st.index = k % Cfg::kDqBuffers;
-      st.phase = (k / Cfg::kDqBuffers) & 1;
+      static_assert(Cfg::kDqParts == 2, "a dQ part per warpgroup and step");
+      wg = part = q;
+      st.index = it % Cfg::kDqBuffers;
+      st.phase = (it / Cfg::kDqBuffers) & 1;
     }
   };
 
@@ -49,7 +47,6 @@ struct BwdDqWriter {
     if (!hopper::elect_one()) return;
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
     constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim;
-    static_assert(Cfg::kDqBuffers > 1, "a step's parts are released after its bulk group was read");
     constexpr uint32_t kPartBytes = Smem::kDqPartFloats * sizeof(float);
     // Several writers take turns (an mbarrier each, its j-th phase the writer's j-th step): the
     // staging rings' full barriers are waited on by parity, which tells the awaited phase from the
@@ -59,7 +56,7 @@ struct BwdDqWriter {
     for (int k = 0; k < writer; ++k) walk.advance(cur);
     for (int it = writer; it < walk.steps; it += writers) {
       const int m = walk.m_block(cur);
-      const int64_t row0 = bwd_ws_row0(p, seq, cur.head);
+      const int64_t row0 = bwd_ws_row0<kM>(p, seq, cur.head);
       int* const sem = p.dq_semaphore + (row0 / kM + m) * kBwdDqSemaphoreStride;
       if (writers > 1) hopper::mbarrier_wait(&turn[writer], (it / writers) & 1);
 #pragma unroll

@@ -99,9 +99,11 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
     FA3_TRY((hopper::launch<bwd_kernel<Elem, Cfg, Feat>>(dim3(n_blocks, a.heads_kv, a.batch), BwdLaunchShape::kThreads,
                                                         BwdSmem<Cfg>::kBytes, stream, p)));
   }
+  // The postprocess takes the accumulator's 64-row blocks (d64's 128-query steps add two).
+  static_assert(Cfg::kBlockM % kDqAccumBlockM == 0, "whole accumulator blocks per query block");
   if (m_blocks > 0) {
-    FA3_TRY((hopper::launch<bwd_postprocess_kernel<Elem, Cfg::kBlockM>>(dim3(m_blocks, a.heads_q, a.batch),
-                                                                         kPrepostThreads, 0, stream, pp)));
+    FA3_TRY((hopper::launch<bwd_postprocess_kernel<Elem>>(dim3(ws.seqlen_q_rounded / kDqAccumBlockM, a.heads_q, a.batch),
+                                                          kPrepostThreads, 0, stream, pp)));
   }
   return Status();
 }

@@ -15,8 +15,6 @@
 // would add is 0 and their dK/dV rows are not stored); varlen reads real rows there (the next
 // packed sequence, or past seqused_k), so the last key block masks them to P = 0.
 #pragma once
-#include <type_traits>
-
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_load.cuh"
 #include "src/attention/bwd_params.h"
@@ -45,6 +43,8 @@ struct BwdConsumer {
   // dK / dV rows all kD columns.
   static constexpr int kWgKeys = Cfg::kWgKeys;
   static_assert(Cfg::kDoStages == Cfg::kStages, "dO and D share the Q ring's stages");
+  // The 128-query tile (d64) reads LSE2 and D where it uses them and packs P^T late (step).
+  static constexpr bool kLean = kM > 64;
 
   const BwdKernelParams& p;
   Smem smem;
@@ -68,31 +68,12 @@ struct BwdConsumer {
     const BwdWalk<Cfg> walk(n_block, kv_head, seq, p);
     hopper::mbarrier_wait(&smem.bars().kv, 0);
     hopper::PipelineState<Cfg::kStages> st;
-    // Steps in BwdWalk's order; the parity picks the dS^T buffer and, for d64, the warpgroup that
-    // computes the step's dQ. That choice is compile-time (two code paths, one per warpgroup,
-    // taking turns): a wgmma under a runtime condition makes ptxas serialise every wgmma of the
-    // kernel (C7520).
-    const int steps = walk.steps;
+    // Steps in BwdWalk's order; the parity picks the dS^T buffer.
     auto cur = walk.begin();
-    auto at = [&](int it, auto dq_here) {
-      step<decltype(dq_here)::value>(n_block, walk.m_block(cur), seq, st, it);
+    for (int it = 0; it < walk.steps; ++it) {
+      step(n_block, walk.m_block(cur), seq, st, it);
       st.advance();
       walk.advance(cur);
-    };
-    using Yes = std::true_type;
-    using No = std::false_type;
-    if constexpr (Cfg::kDqParts >= 2) {
-      for (int it = 0; it < steps; ++it) at(it, Yes{});
-    } else if (consumer == 0) {
-      for (int it = 0; it < steps; it += 2) {
-        at(it, Yes{});
-        if (it + 1 < steps) at(it + 1, No{});
-      }
-    } else {
-      for (int it = 0; it < steps; it += 2) {
-        at(it, No{});
-        if (it + 1 < steps) at(it + 1, Yes{});
-      }
     }
     store_dkdv(n_block, kv_head, seq);
   }
@@ -135,8 +116,6 @@ struct BwdConsumer {
     for (int j = 0; j < kM / 8; ++j) v[j] = hopper::ld_shared_f32x2(base + 32 * j);
   }
 
-  // kDqHere: this warpgroup computes (and adds) a dQ part of this step.
-  template <bool kDqHere>
   __device__ void step(int n_block, int m, const Seq& seq, hopper::PipelineState<Cfg::kStages>& st, int it) {
     const int buf = it & 1;
     auto& ring = smem.bars().q;
@@ -148,39 +127,64 @@ struct BwdConsumer {
     hopper::wgmma_fence();
     issue_rows_times_block(s, smem.k(), q_addr);
     issue_rows_times_block(dp, smem.v(), do_addr);
-    // This thread's LSE2 (its columns' rows of the stage), read while the GEMMs run: read after
-    // the wait, its latency stood between S^T and the first exp2 of every step. (Reading D here as
-    // well spilled in the masked d128 kernels; it is read after dP^T's wait.)
-    float2 lse[kM / 8];
-    column_pairs(lse, smem.lse2(st.index));
-    hopper::wgmma_wait<1>();
+    // This thread's LSE2 and D (its columns' rows of the stage), pair j = columns 8j + acc_col0()
+    // and + 1. LSE2 is read while the GEMMs run (read after the wait, its latency stood between
+    // S^T and the first exp2 of every step), D after dP^T's wait (read with LSE2 it spilled in the
+    // masked d128 kernels). The 128-query tile reads each pair where it is used: its S^T and dP^T
+    // take 128 registers.
+    float2 lse[kLean ? 1 : kM / 8], delta[kLean ? 1 : kM / 8];
+    if constexpr (!kLean) column_pairs(lse, smem.lse2(st.index));
+    const uint32_t lse_at = hopper::smem_u32(smem.lse2(st.index)) + 4 * acc_col0();
+    const uint32_t delta_at = hopper::smem_u32(smem.delta(st.index)) + 4 * acc_col0();
+    auto lse_pair = [&](int j) {
+      if constexpr (kLean) return hopper::ld_shared_f32x2(lse_at + 32 * j);
+      else return lse[j];
+    };
+    auto delta_load = [&](int j) { return hopper::ld_shared_f32x2(delta_at + 32 * j); };
+    // The 128-query tile with softcap waits for dP^T too and computes dS^T with P^T, element by
+    // element (kFuseDs): P^T's fragments and P^T * dscore both beside S^T, dP^T, dK and dV spilled.
+    constexpr bool kFuseDs = kLean && Feat::kSoftcap;
+    if constexpr (kFuseDs) hopper::wgmma_wait<0>();
+    else hopper::wgmma_wait<1>();
     hopper::fence_operand(s);
+    if constexpr (kFuseDs) hopper::fence_operand(dp);
 
-    // P^T (bf16 fragments for dV) and, kept in s, P^T * dscore for dS^T. Only tiles that are not
-    // fully visible pay for the mask (a runtime test per element made d64 causal 1.75x slower).
+    // P^T (bf16 fragments for dV) and, kept in s, P^T * dscore for dS^T (kFuseDs: dS^T itself).
+    // Only tiles that are not fully visible pay for the mask (a runtime test per element made d64
+    // causal 1.75x slower). The 128-query tile without softcap packs P^T's fragments below, with
+    // dS^T's (s is P^T then).
+    constexpr bool kPackP = !kLean || Feat::kSoftcap;
     uint32_t pa[kM / kK][4];
-    if (Feat::kMasked && !fully_visible(n_block, m, seq)) probabilities<true>(s, pa, lse, n_block, m, seq);
-    else probabilities<false>(s, pa, lse, n_block, m, seq);
-    hopper::wgmma_wait<0>();
-    hopper::fence_operand(dp);
+    if (Feat::kMasked && !fully_visible(n_block, m, seq))
+      probabilities<true, kPackP, kFuseDs>(s, pa, lse_pair, dp, delta_load, n_block, m, seq);
+    else
+      probabilities<false, kPackP, kFuseDs>(s, pa, lse_pair, dp, delta_load, n_block, m, seq);
+    if constexpr (!kFuseDs) {
+      hopper::wgmma_wait<0>();
+      hopper::fence_operand(dp);
+    }
 
     // dS^T = P^T (dP^T - D) into shared memory (this warpgroup's rows; the dQ GEMMs of both
     // warpgroups read all of it), one 16-column k-block (an A fragment's four registers, one
     // stmatrix) at a time; the fragments stay in registers too, as dK's A operand.
-    float2 delta[kM / 8];
-    column_pairs(delta, smem.delta(st.index));
+    if constexpr (!kLean) column_pairs(delta, smem.delta(st.index));
+    auto delta_pair = [&](int j) {
+      if constexpr (kLean) return delta_load(j);
+      else return delta[j];
+    };
     uint32_t da[kM / kK][4];
 #pragma unroll
-    for (int kb = 0; kb < kM / kK; ++kb) {
+    for (int j = 0; j < kM / 8; ++j) {
+      float2 d;
+      if constexpr (!kFuseDs) d = delta_pair(j);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = 8 * kb + 2 * r;
-        const float2 d = delta[i / 4];  // columns acc_col(i), + 1
-        da[kb][r] = Mma::pack(s[i] * (dp[i] - d.x), s[i + 1] * (dp[i + 1] - d.y));
+      for (int i = 4 * j; i < 4 * j + 4; i += 2) {  // register i: k-block i / 8, register (i / 2) % 4
+        if constexpr (!kPackP) pa[i / 8][(i / 2) % 4] = Mma::pack(s[i], s[i + 1]);
+        da[i / 8][(i / 2) % 4] = kFuseDs ? Mma::pack(s[i], s[i + 1]) : Mma::pack(s[i] * (dp[i] - d.x), s[i + 1] * (dp[i + 1] - d.y));
       }
-      store_fragment(smem.ds(buf), kb, da[kb]);
+      if (j % 2 == 1) store_fragment(smem.ds(buf), j / 2, da[j / 2]);
     }
-    step_gradients<kDqHere>(buf, q_addr, do_addr, pa, da, st);
+    step_gradients(buf, q_addr, do_addr, pa, da, st);
   }
 
   // The step's gradient GEMMs: dV += P^T dO and dK += dS^T Q with A from
@@ -188,7 +192,6 @@ struct BwdConsumer {
   // operands; dQ = dS K over both warpgroups' dS^T. Only dQ waits for the other warpgroup's half of
   // dS^T: dV runs under that barrier, and the dQ part is staged for the writer while dK runs, so
   // the tensor pipe has work across both waits (FlashAttention-3's order).
-  template <bool kDqHere>
   __device__ __forceinline__ void step_gradients(int buf, uint32_t q_addr, uint32_t do_addr,
                                                  const uint32_t (&pa)[kM / kK][4], const uint32_t (&da)[kM / kK][4],
                                                  hopper::PipelineState<Cfg::kStages>& st) {
@@ -201,48 +204,44 @@ struct BwdConsumer {
     for (int kb = 0; kb < kM / kK; ++kb)
       Mma::template Op<kD>::template rs<1>(dv, pa[kb], hopper::desc_advance(bdo, QTile::template row_chunk_offset<kK>(kb)), 1);
     hopper::wgmma_commit();
-    // Only a warpgroup that computes a dQ part waits for the other's half of dS^T; d64's other
-    // warpgroup of the step only signals its own and goes on. A barrier per dS^T buffer: a
-    // warpgroup that signalled can be a step ahead by the time the other syncs, and its next
-    // signal must not count for this step. (The buffer is written again two steps later: by the
-    // warpgroup whose dQ read it, after its own wait, or by the other one after its sync of the
-    // step between, on a signal given after that dQ.)
+    // A barrier per dS^T buffer: the buffer is written again two steps later, by a warpgroup
+    // that passed the barrier of the step between, which the other reaches only after its dQ GEMM
+    // of this step completed.
     hopper::fence_view_async_shared();
-    if constexpr (kDqHere) bwd_barrier_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
-    else bwd_barrier_arrive(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
+    bwd_barrier_sync(kBarDsReady + buf, 2 * hopper::kWarpgroupSize);
     float dq[32];
-    if constexpr (kDqHere) issue_dq_part(dq, buf, Cfg::kDqParts >= 2 ? consumer : 0);
+    issue_dq_part(dq, buf);
 #pragma unroll
     for (int kb = 0; kb < kM / kK; ++kb)
       Mma::template Op<kD>::template rs<1>(dk, da[kb], hopper::desc_advance(bq, QTile::template row_chunk_offset<kK>(kb)), 1);
     hopper::wgmma_commit();
-    // The dQ part is staged while dK runs, except for d64 in deterministic mode: there the writer
-    // may hold the staging buffer while it waits for the query block's turn, and the stage held
-    // meanwhile stalls the producer too (6-12% slower than staging after the release; d128's
-    // deterministic mode stayed within 3% with the early staging, and with both paths its softcap
-    // varlen kernel spilled).
-    constexpr bool kLateWhenDeterministic = Cfg::kDqParts == 1;
-    if constexpr (kDqHere) {
-      hopper::wgmma_wait<1>();  // dV and dQ done, dK still running
-      hopper::fence_operand(dq);
-      if (!kLateWhenDeterministic || !p.deterministic) stage_dq(dq);
-    }
+    // The dQ part is staged while dK runs, except with one staging buffer in deterministic mode
+    // (d64): there the writer may hold the buffer while it waits for the query block's turn, and
+    // the stage held meanwhile stalls the producer too (6-12% slower than staging after the
+    // release when d64 staged alone: perf-log step 73).
+    constexpr bool kLateWhenDeterministic = Cfg::kDqBuffers == 1;
+    hopper::wgmma_wait<1>();  // dV and dQ done, dK still running
+    hopper::fence_operand(dq);
+    if (!kLateWhenDeterministic || !p.deterministic) stage_dq(dq);
     hopper::wgmma_wait<0>();
     hopper::fence_operand(dv);
     hopper::fence_operand(dk);
     // Every read of the stage is done. Every thread arrives: an arrive orders only the arriving
     // thread's own reads (LSE2 and D) before the producer's next bulk copy into the stage.
     smem.bars().q.consumer_release(st);
-    if constexpr (kDqHere && kLateWhenDeterministic) {
+    if constexpr (kLateWhenDeterministic) {
       if (p.deterministic) stage_dq(dq);
     }
   }
 
-  // dQ part `part` (64 x 64, columns 64 part ..) = dS K: A = dS (queries x keys) read M-major from
-  // dS^T, B = K (keys x d) N-major from its panel; one committed group.
-  __device__ __forceinline__ void issue_dq_part(float (&dq)[32], int buf, int part) const {
-    const uint64_t ad = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)), DsTile::kNMajorLbo, DsTile::kNMajorSbo);
-    const uint64_t bd = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::panel_offset(part),
+  // This warpgroup's dQ part (64 x 64) = dS K: A = dS (queries x keys) read M-major from dS^T, B =
+  // K (keys x d) N-major; d128: all of the queries and K's panel `consumer`; d64 (kDqRowParts):
+  // queries 64 consumer.. (dS^T's panel `consumer`) and all of K. One committed group.
+  __device__ __forceinline__ void issue_dq_part(float (&dq)[32], int buf) const {
+    const int a_panel = Cfg::kDqRowParts ? consumer : 0, b_panel = Cfg::kDqRowParts ? 0 : consumer;
+    const uint64_t ad = hopper::make_smem_desc(hopper::smem_u32(smem.ds(buf)) + DsTile::panel_offset(a_panel),
+                                               DsTile::kNMajorLbo, DsTile::kNMajorSbo);
+    const uint64_t bd = hopper::make_smem_desc(hopper::smem_u32(smem.k()) + KTile::panel_offset(b_panel),
                                                KTile::kNMajorLbo, KTile::kNMajorSbo);
 #pragma unroll
     for (int kk = 0; kk < kN / kK; ++kk)
@@ -251,25 +250,34 @@ struct BwdConsumer {
     hopper::wgmma_commit();
   }
 
-  // s (S^T) -> P^T: the bf16 fragments pa for dV, and P^T * dscore back in s for dS^T; hidden
-  // pairs (kMask: BwdVisibility, register rows are keys) get P = 0.
-  template <bool kMask>
-  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], uint32_t (&pa)[kM / kK][4], const float2 (&lse)[kM / 8], int n_block,
-                                                int m, const Seq& seq) const {
+  // s (S^T) -> P^T: the bf16 fragments pa for dV (kPackP), and P^T * dscore back in s for dS^T
+  // (kFuseDs: dS^T = P^T * dscore * (dP^T - D)); hidden pairs (kMask: BwdVisibility, register
+  // rows are keys) get P = 0.
+  template <bool kMask, bool kPackP, bool kFuseDs, class LsePair, class DeltaPair>
+  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], uint32_t (&pa)[kM / kK][4], LsePair lse_pair,
+                                                const float (&dp)[kM / 2], DeltaPair delta_pair, int n_block, int m,
+                                                const Seq& seq) const {
     BwdVisibility<Feat::kVarlen> vis;
     if constexpr (kMask) vis = BwdVisibility<Feat::kVarlen>(p.fwd, seq, key_row0(n_block), m * kM + acc_col0());
+    // Column pair j (acc_col(i), + 1 for i = 4j .. 4j + 3) shares its LSE2 and D: one load each.
 #pragma unroll
-    for (int i = 0; i < kM / 2; i += 2) {
-      const float2 l = lse[i / 4];  // columns acc_col(i), + 1
-      float pr[2];
+    for (int j = 0; j < kM / 8; ++j) {
+      const float2 l = lse_pair(j);
+      float2 d;
+      if constexpr (kFuseDs) d = delta_pair(j);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float dscore;
-        pr[e] = bwd_probability<Feat::kSoftcap>(s[i + e], e ? l.y : l.x, p.fwd, &dscore);
-        if (kMask && vis.hidden(hopper::acc_row(i + e), hopper::acc_col(i + e))) pr[e] = 0.f;
-        s[i + e] = pr[e] * dscore;
+      for (int i = 4 * j; i < 4 * j + 4; i += 2) {
+        float pr[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float dscore;
+          pr[e] = bwd_probability<Feat::kSoftcap>(s[i + e], e ? l.y : l.x, p.fwd, &dscore);
+          if (kMask && vis.hidden(hopper::acc_row(i + e), hopper::acc_col(i + e))) pr[e] = 0.f;
+          s[i + e] = pr[e] * dscore;
+          if constexpr (kFuseDs) s[i + e] *= dp[i + e] - (e ? d.y : d.x);
+        }
+        if constexpr (kPackP) pa[i / 8][(i / 2) % 4] = Mma::pack(pr[0], pr[1]);
       }
-      pa[i / 8][(i / 2) % 4] = Mma::pack(pr[0], pr[1]);
     }
   }
 

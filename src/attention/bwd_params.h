@@ -27,6 +27,15 @@ struct BwdWorkspaceRows {
     if (packed_rows == 0) return dense_row0(b, h, heads_q, seqlen_q_rounded);
     return int64_t(h) * packed_rows + (int64_t(q_row0) + int64_t(b) * block_m) / block_m * block_m;
   }
+  // The same where block_m is known at compile time (the main kernel's kBlockM, a power of two):
+  // a shift, not a 64-bit division, whose registers the producer warps of the varlen d64 kernel
+  // did not have (it spilled 236 bytes at 40 registers).
+  template <int kBlockM>
+  __host__ __device__ __forceinline__ int64_t row0(int b, int h, int q_row0) const {
+    static_assert((kBlockM & (kBlockM - 1)) == 0, "a power-of-two block");
+    if (packed_rows == 0) return dense_row0(b, h, heads_q, seqlen_q_rounded);
+    return int64_t(h) * packed_rows + ((uint64_t(q_row0) + uint64_t(b) * kBlockM) & ~uint64_t(kBlockM - 1));
+  }
 };
 
 // Workspace of the Hopper backward (bwd_workspace_layout places it), rows as BwdWorkspaceRows:

@@ -15,6 +15,9 @@
 
 namespace fa3::attn {
 
+// The accumulator's blocks of query rows: a main kernel's query block is one or two of them.
+constexpr int kDqAccumBlockM = 64;
+
 // Where element (row r, column x) of a 64-row query block's dQ sits in its dq_accum tile: the block
 // is d/64 parts of 64 columns, each in the order a warpgroup's m64n64 accumulator holds it
 // (wgmma.cuh: register i of thread 32w + 4g + t is row 16w + g + 8((i >> 1) & 1), column
@@ -151,9 +154,9 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const B
 // columns of one row lie 64 bytes apart, so each 64 x 64 part goes through shared memory, read
 // 16 bytes a thread in the layout's order and written to a [row][column] tile (rows padded to 68
 // floats: a warp's scattered stores hit 32 banks, rows stay 16-byte aligned).
-template <class T, int kBlockM>
+template <class T>
 __global__ void __launch_bounds__(kPrepostThreads) bwd_postprocess_kernel(const BwdPrepostParams p) {
-  static_assert(kBlockM == 64, "dq_accum's parts are 64 x 64 accumulator tiles");
+  constexpr int kBlockM = kDqAccumBlockM;
   constexpr int kStride = 68;
   __shared__ alignas(16) float tile[kBlockM * kStride];
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
