@@ -27,19 +27,16 @@ struct BwdDqWriter {
   const BwdKernelParams& p;
   Smem smem;
 
-  // Part q of step `it` comes from warpgroup q as its it-th staged part, in buffer it % kBuffers,
-  // phase it / kBuffers % 2 of its ring; it is the q-th 64 x 64 part of the query block's
+  // Part q of step `it` comes from warpgroup q as its it-th staged part: buffer it % kBuffers,
+  // phase it / kBuffers % 2 of its ring. It is the q-th 64 x 64 part of the query block's
   // accumulator tile (bwd_config.h: d128's column blocks, d64's row blocks).
-  struct Staged {
-    int wg, part;
+  static_assert(Cfg::kDqParts == 2, "a dQ part per warpgroup and step");
+  __device__ __forceinline__ static hopper::PipelineState<Cfg::kDqBuffers> staged(int it) {
     hopper::PipelineState<Cfg::kDqBuffers> st;
-    __device__ __forceinline__ Staged(int it, int q) {
-      static_assert(Cfg::kDqParts == 2, "a dQ part per warpgroup and step");
-      wg = part = q;
-      st.index = it % Cfg::kDqBuffers;
-      st.phase = (it / Cfg::kDqBuffers) & 1;
-    }
-  };
+    st.index = it % Cfg::kDqBuffers;
+    st.phase = (it / Cfg::kDqBuffers) & 1;
+    return st;
+  }
 
   // Writer `writer` of `writers` (bwd_kernel.cuh) takes steps writer, writer + writers, ...
   template <bool kVarlen>
@@ -56,14 +53,14 @@ struct BwdDqWriter {
     for (int k = 0; k < writer; ++k) walk.advance(cur);
     for (int it = writer; it < walk.steps; it += writers) {
       const int m = walk.m_block(cur);
-      const int64_t row0 = bwd_ws_row0<kM>(p, seq, cur.head);
+      const int64_t row0 = bwd_ws_row0(p, seq, cur.head);
       int* const sem = p.dq_semaphore + (row0 / kM + m) * kBwdDqSemaphoreStride;
       if (writers > 1) hopper::mbarrier_wait(&turn[writer], (it / writers) & 1);
 #pragma unroll
       for (int q = 0; q < Cfg::kDqParts; ++q) {
-        const Staged s(it, q);
-        auto& ring = smem.bars().dq[s.wg];
-        ring.consumer_wait(s.st);
+        const auto st = staged(it);
+        auto& ring = smem.bars().dq[q];
+        ring.consumer_wait(st);
         // One wait per step (a poll per part cost step 74's d256 tile 10-25%: perf-log step 74).
         if (p.deterministic && q == 0) {
           const cuda::atomic_ref<int, cuda::thread_scope_device> count(*sem);
@@ -71,17 +68,14 @@ struct BwdDqWriter {
           while (count.load(cuda::memory_order_acquire) < want) __nanosleep(32);
           hopper::ptx::fence_proxy_async();  // the adds before ours (acquired) -> our bulk ops
         }
-        float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + s.part * Smem::kDqPartFloats;
+        float* dst = p.dq_accum + (row0 + int64_t(m) * kM) * kD + q * Smem::kDqPartFloats;
         hopper::ptx::cp_reduce_async_bulk(hopper::ptx::space_global, hopper::ptx::space_shared, hopper::ptx::op_add,
-                                          dst, smem.dq(s.wg, s.st.index), kPartBytes);
+                                          dst, smem.dq(q, st.index), kPartBytes);
       }
       hopper::tma_store_commit();     // this step's adds: one bulk group
       hopper::tma_store_wait_read();  // their staging may be rewritten
 #pragma unroll
-      for (int q = 0; q < Cfg::kDqParts; ++q) {
-        const Staged s(it, q);
-        smem.bars().dq[s.wg].consumer_release(s.st);
-      }
+      for (int q = 0; q < Cfg::kDqParts; ++q) smem.bars().dq[q].consumer_release(staged(it));
       if (writers > 1) hopper::mbarrier_arrive(&turn[writer + 1 == writers ? 0 : writer + 1]);
       if (p.deterministic) {  // the step's adds completed: the next key block may add
         hopper::ptx::cp_async_bulk_wait_group(hopper::ptx::n32_t<0>{});

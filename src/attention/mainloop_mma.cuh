@@ -202,14 +202,6 @@ struct MainloopMma {
     if (releasers > 1 || thread == 0) ring.consumer_release(st);
     st.advance();
   }
-  // The same by thread 0 alone, for a warpgroup whose threads have met since their reads (kept
-  // stages, walked-past blocks).
-  __device__ __forceinline__ static void release_for_all(hopper::PipelineBarriers<Cfg::kStages>& ring,
-                                                         const hopper::PipelineState<Cfg::kStages>& st,
-                                                         uint32_t releasers = 1) {
-    if (releasers > 1) ring.consumer_release(st, releasers);
-    else ring.consumer_release(st);
-  }
 
   // Releases the stage, or (keep) holds it back in `held` for O's staging (kOInKV).
   __device__ __forceinline__ void release_or_keep(hopper::PipelineBarriers<Cfg::kStages>& ring,
@@ -233,7 +225,7 @@ struct MainloopMma {
   __device__ __forceinline__ void release_kept() {
     if (thread == 0) {
       hopper::tma_store_wait_read();
-      if (kKeepK) release_for_all(smem.bars().k, k_last, Smem::kKReleasers);
+      if (kKeepK) smem.bars().k.consumer_release(k_last, Smem::kKReleasers);  // for every thread: they met since
       pv_ring().consumer_release(v_last);
     }
     kept = false;
@@ -448,7 +440,7 @@ struct MainloopMma {
     turn_wait();
     turn_pass();
     warpgroup_sync();  // no wgmma ties the warps here: each has waited before thread 0 releases
-    if (thread == 0) release_for_all(bars.k, k_st, Smem::kKReleasers);
+    if (thread == 0) bars.k.consumer_release(k_st, Smem::kKReleasers);  // for the warpgroup
     k_st.advance();
     pv_ring().consumer_wait(v_st);
     warpgroup_sync();

@@ -77,13 +77,11 @@ struct PipelineBarriers {
   __device__ __forceinline__ void consumer_wait(const PipelineState<kStages>& st) {
     mbarrier_wait(&full[st.index], st.phase);
   }
-  __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st) {
-    mbarrier_arrive(&empty[st.index]);
-  }
-  // `count` arrivals at once: one thread releasing for others whose reads are ordered before its
-  // own (by a barrier they passed).
-  __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st, uint32_t count) {
-    (void)ptx::mbarrier_arrive(&empty[st.index], count);
+  // `count` > 1: that many arrivals at once, one thread releasing for others whose reads are
+  // ordered before its own (by a barrier they passed).
+  __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st, uint32_t count = 1) {
+    if (count == 1) mbarrier_arrive(&empty[st.index]);
+    else (void)ptx::mbarrier_arrive(&empty[st.index], count);
   }
   // Called by the first `cluster_ctas` threads of a warp together: thread r signals CTA r.
   __device__ __forceinline__ void consumer_release_cluster(const PipelineState<kStages>& st, uint32_t rank) {
