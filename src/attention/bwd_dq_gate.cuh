@@ -38,7 +38,7 @@ struct BwdDqGate {
   template <bool kVarlen>
   __device__ __forceinline__ int* counter(const SeqlenInfo<kVarlen>& seq, const BwdWalk<Cfg>& walk,
                                           const typename BwdWalk<Cfg>::Cursor& cur, int c) const {
-    const int64_t block = bwd_ws_row0(p, seq, cur.head) / Cfg::kBlockM + walk.m_block(cur);
+    const int64_t block = bwd_ws_row0<Cfg::kBlockM>(p, seq, cur.head) / Cfg::kBlockM + walk.m_block(cur);
     return p.dq_semaphore + block * kBwdDqSemaphoreStride + c;
   }
 

@@ -53,7 +53,7 @@ struct BwdDqWriter {
     for (int k = 0; k < writer; ++k) walk.advance(cur);
     for (int it = writer; it < walk.steps; it += writers) {
       const int m = walk.m_block(cur);
-      const int64_t row0 = bwd_ws_row0(p, seq, cur.head);
+      const int64_t row0 = bwd_ws_row0<kM>(p, seq, cur.head);
       int* const sem = p.dq_semaphore + (row0 / kM + m) * kBwdDqSemaphoreStride;
       if (writers > 1) hopper::mbarrier_wait(&turn[writer], (it / writers) & 1);
 #pragma unroll

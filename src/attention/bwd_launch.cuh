@@ -21,7 +21,6 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   using Elem = BwdElemOf<kDtype>;
   const fa3_fwd_params& a = b.fwd;
   const auto dtype = kDtype == FA3_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  static_assert((Cfg::kBlockM & (Cfg::kBlockM - 1)) == 0, "BwdWorkspaceRows::row0 rounds to kBlockM by a mask");
   const BwdWorkspace ws = bwd_workspace_layout(a, Cfg::kBlockM, Cfg::kHeadDim);  // its size: checked by the API
   uint8_t* w = static_cast<uint8_t*>(b.workspace);
   float* lse2 = reinterpret_cast<float*>(w + ws.lse2);

@@ -67,9 +67,9 @@ struct BwdWalk {
 
 // The first row of (the tile's sequence, query head) in lse2 / delta / dq_accum (BwdWorkspaceRows);
 // its query block m's semaphore is at (row0 / kBlockM + m) kBwdDqSemaphoreStride.
-template <bool kVarlen>
+template <int kBlockM, bool kVarlen>
 __device__ __forceinline__ int64_t bwd_ws_row0(const BwdKernelParams& p, const SeqlenInfo<kVarlen>& seq, int head) {
-  if constexpr (kVarlen) return p.ws_rows.row0(seq.batch, head, seq.q_row0());
+  if constexpr (kVarlen) return p.ws_rows.template row0<kBlockM>(seq.batch, head, seq.q_row0());
   else return BwdWorkspaceRows::dense_row0(seq.batch, head, p.fwd.heads_q, p.seqlen_q_rounded);
 }
 
@@ -125,7 +125,7 @@ struct BwdLoad {
     auto cur = walk.begin();
     for (int it = 0; it < walk.steps; ++it, walk.advance(cur)) {
       const int h = cur.head, m = walk.m_block(cur);
-      const int64_t row0 = bwd_ws_row0(p, seq, h) + int64_t(m) * Cfg::kBlockM;
+      const int64_t row0 = bwd_ws_row0<Cfg::kBlockM>(p, seq, h) + int64_t(m) * Cfg::kBlockM;
       const int q_row = seq.q_row0() + m * Cfg::kBlockM;
       bars.q.producer_acquire(st);
       uint64_t* full = &bars.q.full[st.index];

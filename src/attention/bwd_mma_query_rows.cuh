@@ -180,7 +180,7 @@ struct BwdQueryRowsConsumer {
     float dq[32];
     issue_dq_slice(dq, ds_tile, 0);
     issue_transposed(dk, q_addr, bds);  // dK^T += Q^T dS
-    float* acc = p.dq_accum + (bwd_ws_row0(p, seq, head) + int64_t(m) * kM) * kD;
+    float* acc = p.dq_accum + (bwd_ws_row0<kM>(p, seq, head) + int64_t(m) * kM) * kD;
     static_assert(kDimBlocks == 2, "dQ^T in two slices");
     // dV^T was the last reader of dO: its single stage goes back while dQ^T and dK^T run.
     hopper::wgmma_wait<2>();

@@ -23,12 +23,18 @@ struct BwdWorkspaceRows {
   __host__ __device__ __forceinline__ static int64_t dense_row0(int b, int h, int heads_q, int seqlen_q_rounded) {
     return (int64_t(b) * heads_q + h) * seqlen_q_rounded;
   }
-  // block_m is a tile's kBlockM, a power of two (launch_bwd asserts it), so the rounding down is a mask:
-  // the 64-bit division it was took registers the producer warps of the varlen d64 kernel did not
-  // have (they spilled 236 bytes at 40 registers, perf-log step 106).
   __host__ __device__ __forceinline__ int64_t row0(int b, int h, int q_row0) const {
     if (packed_rows == 0) return dense_row0(b, h, heads_q, seqlen_q_rounded);
-    return int64_t(h) * packed_rows + int64_t((uint64_t(q_row0) + uint64_t(b) * block_m) & ~uint64_t(block_m - 1));
+    return int64_t(h) * packed_rows + (int64_t(q_row0) + int64_t(b) * block_m) / block_m * block_m;
+  }
+  // The same where block_m is known at compile time (the main kernel's kBlockM, a power of two):
+  // a shift, not a 64-bit division, whose registers the producer warps of the varlen d64 kernel
+  // did not have (it spilled 236 bytes at 40 registers).
+  template <int kBlockM>
+  __host__ __device__ __forceinline__ int64_t row0(int b, int h, int q_row0) const {
+    static_assert((kBlockM & (kBlockM - 1)) == 0, "a power-of-two block");
+    if (packed_rows == 0) return dense_row0(b, h, heads_q, seqlen_q_rounded);
+    return int64_t(h) * packed_rows + ((uint64_t(q_row0) + uint64_t(b) * kBlockM) & ~uint64_t(kBlockM - 1));
   }
 };
 
