@@ -272,7 +272,7 @@ void run_append_case(const AppendCase& c) {
         // LSE: dense [batch, heads_q, seqlen_q], packed [heads_q, total_q]
         const size_t at_lse = packed_q ? size_t(h) * total_q + q_row0[b] + i : (size_t(b) * hq + h) * c.seqlen_q + i;
         const double w = want.lse[b][size_t(h) * qn[b] + i], gl = got_lse[at_lse];
-        lse_err = std::max(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
+        lse_err = worse(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
       }
   }
   EXPECT_LE(std::sqrt(num / den), 1e-2) << "O relative error";

@@ -99,6 +99,10 @@ struct Grads {
 };
 
 Grads run_bwd(BwdData& d) {
+  // Fresh poison before every launch: a run that writes nothing must not pass on an earlier run's
+  // gradients (the determinism tests compare runs with each other).
+  for (DeviceBuffer* b : {&d.dq, &d.dk, &d.dv}) b->fill_bytes(0xFF);
+  if (d.args.dsinks != nullptr) d.dsinks.fill_bytes(0xFF);
   const Status st = fa3::backward(d.args);
   EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());

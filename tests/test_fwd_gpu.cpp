@@ -1285,10 +1285,11 @@ TEST(FwdGpu, CombineAgainstCpu) {
         for (int h = 0; h < k.heads; ++h) {
           const int64_t r = int64_t(b) * k.seqlen + i, orow = (r * k.heads + h) * k.dim;
           const bool owned = !k.packed || i < used[b];
-          if (!owned) {  // untouched: the 0xFF poison
+          if (!owned) {  // untouched: the 0xFF poison, in LSE and O
             uint32_t bits;
             std::memcpy(&bits, &got_l[r * k.heads + h], 4);
             poisoned += bits == 0xFFFFFFFFu ? 0 : 1;
+            for (int64_t x = 0; x < k.dim * esize; ++x) poisoned += got_o[orow * esize + x] == 0xFF ? 0 : 1;
             continue;
           }
           // A sink is one more term of the sum, with no partial O.

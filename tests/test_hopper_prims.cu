@@ -215,14 +215,14 @@ TEST(HopperPrims, WgmmaTileSsAndRs) {
     for (int j = 0; j < kN; ++j) {
       double acc = 0;
       for (int k = 0; k < kK; ++k) acc += double(a[i * kK + k]) * b[j * kK + k];
-      s_err = std::max(s_err, std::fabs(acc - s[i * kN + j]));
+      s_err = worse(s_err, std::fabs(acc - s[i * kN + j]));
       p[i * kN + j] = ref::round_bf16(s[i * kN + j]);  // P as the kernel packs it
     }
   for (int i = 0; i < kM; ++i)
     for (int d = 0; d < kK; ++d) {
       double acc = 0;
       for (int j = 0; j < kN; ++j) acc += double(p[i * kN + j]) * v[j * kK + d];
-      o_err = std::max(o_err, std::fabs(acc - o[i * kK + d]) / std::max(1.0, std::fabs(acc)));
+      o_err = worse(o_err, std::fabs(acc - o[i * kK + d]) / std::max(1.0, std::fabs(acc)));
     }
   EXPECT_LT(s_err, 1e-3) << "SS wgmma (K-major A and B, 128B swizzle) disagrees with the CPU GEMM";
   EXPECT_LT(o_err, 1e-3) << "RS wgmma (A in registers, B N-major) disagrees with the CPU GEMM";
@@ -332,8 +332,8 @@ TEST(HopperPrims, WgmmaE4m3SsAndRs) {
         acc += double(a[i * kK8 + k]) * b[j * kK8 + k];
         mag += std::fabs(double(a[i * kK8 + k]) * b[j * kK8 + k]);
       }
-      ss_err = std::max(ss_err, std::fabs(acc - ss[i * kN8 + j]) / mag);
-      rs_vs_ss = std::max(rs_vs_ss, std::fabs(double(rs[i * kN8 + j]) - ss[i * kN8 + j]) / mag);
+      ss_err = worse(ss_err, std::fabs(acc - ss[i * kN8 + j]) / mag);
+      rs_vs_ss = worse(rs_vs_ss, std::fabs(double(rs[i * kN8 + j]) - ss[i * kN8 + j]) / mag);
     }
   std::printf("[e4m3 wgmma] max |err| / sum|a*b|: SS %.3g, RS vs SS %.3g\n", ss_err, rs_vs_ss);
   EXPECT_LT(ss_err, 1e-3) << "SS e4m3 wgmma (K-major, 128B swizzle, k32 steps) disagrees with the CPU GEMM";
@@ -410,7 +410,7 @@ TEST(HopperPrims, WgmmaMMajorA) {
     for (int j = 0; j < kNt; ++j) {
       double acc = 0;
       for (int k = 0; k < kKt; ++k) acc += double(tv[k * kMt + i]) * b[j * kKt + k];
-      err = std::max(err, std::fabs(acc - c[i * kNt + j]));
+      err = worse(err, std::fabs(acc - c[i * kNt + j]));
     }
   EXPECT_LT(err, 1e-3) << "SS wgmma with M-major A (transpose bit) disagrees with the CPU GEMM";
 }

@@ -412,9 +412,18 @@ void check_v_transpose() {
 }
 
 TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
+  // Every product tile (fwd_config.h), by name: first tiles, then the second tiles.
   check_v_transpose<FwdFp8Config<64, false>>();
+  check_v_transpose<FwdFp8Config<64, true>>();
+  check_v_transpose<FwdFp8Config<128, false>>();
   check_v_transpose<FwdFp8Config<128, true>>();
   check_v_transpose<FwdFp8Config<256, false>>();
+  check_v_transpose<FwdFp8Config<256, true>>();  // 64-key blocks
+  check_v_transpose<FwdFp8Config<64, false, true>>();
+  check_v_transpose<FwdFp8Config<64, true, true>>();
+  check_v_transpose<FwdFp8Config<128, false, true>>();  // 192-key blocks
+  check_v_transpose<FwdFp8Config<256, false, true>>();  // 64-key blocks
+  check_v_transpose<FwdFp8Config<256, true, true>>();
   check_v_transpose<Fp8Tile<TileConfig<128, 192, 64, 2, false>>>();  // tuning variants (bench/tune_d128.cu)
   check_v_transpose<Fp8Tile<TileConfig<128, 128, 192, 2, false>>>();  // a 128-key part and a 64-key part
   check_v_transpose<Fp8Tile<TileConfig<64, 128, 256, 2, false>>>();   // two 128-key parts

@@ -9,6 +9,7 @@
 
 #include "fa3/fa3.h"
 #include "fa3/fa3_c.h"
+#include "src/api/problem.h"
 #include "src/api/validate.h"
 #include "src/attention/split_workspace.h"
 
@@ -1047,5 +1048,214 @@ TEST(CombineValidationCAbi, StructSizeBeforeSinksIsAccepted) {
   const std::string msg = fa3_last_error();
   EXPECT_EQ(msg.find("struct_size"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("sinks"), std::string::npos) << msg;
+}
+// ------------------------------------------------- limits of the kernels' arithmetic ----
+
+// A window wider than every sequence is no window (make_problem): the unmasked kernels run it, and
+// no kernel adds a value like INT32_MAX to a position. Narrower windows stay as given.
+TEST_F(FwdValidation, WindowsPastEveryKeyAreUnbounded) {
+  constexpr int kMax = std::numeric_limits<int32_t>::max();
+  a.window_left = kMax;
+  a.window_right = kMax;
+  ASSERT_TRUE(Passes(fa3::validate(a)));
+  fa3::detail::FwdProblem f = fa3::detail::make_problem(a);
+  EXPECT_EQ(f.window_left, -1);
+  EXPECT_EQ(f.window_right, -1);
+  EXPECT_FALSE(f.has_mask());
+  // The edges: window_right >= seqlen_q reaches the last key from row 0, window_left >= seqlen_k
+  // the first key from the last row.
+  a.window_left = kSeqK;
+  a.window_right = kSeqQ;
+  f = fa3::detail::make_problem(a);
+  EXPECT_EQ(f.window_left, -1);
+  EXPECT_EQ(f.window_right, -1);
+  a.window_left = kSeqK - 1;
+  a.window_right = kSeqQ - 1;
+  f = fa3::detail::make_problem(a);
+  EXPECT_EQ(f.window_left, kSeqK - 1);
+  EXPECT_EQ(f.window_right, kSeqQ - 1);
+  EXPECT_TRUE(f.has_mask());
+  a.causal = 1;  // causal stays a window_right of 0 whatever window_left is
+  a.window_right = -1;
+  a.window_left = kMax;
+  f = fa3::detail::make_problem(a);
+  EXPECT_EQ(f.window_left, -1);
+  EXPECT_EQ(f.window_right, 0);
+}
+
+TEST_F(FwdValidation, PositionsMustFit32Bits) {
+  a.seqlen_q = 1 << 30;
+  a.seqlen_k = 1 << 30;
+  a.q = a.out = fa3::bshd(fake(0x100000), 1, kHeadsQ, kDim);  // broadcast rows: any length
+  a.out.row_stride = kHeadsQ * kDim;
+  a.q.row_stride = 0;
+  a.k.row_stride = a.v.row_stride = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "seqlen_q + seqlen_k"));
+  a.seqlen_q = 1 << 20;
+  a.out.batch_stride = int64_t(a.seqlen_q) * a.out.row_stride;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
+TEST_F(FwdValidation, StrideOf2To40BytesIsRefused) {
+  a.k.row_stride = int64_t(1) << 39;  // 2^40 bytes of bf16: past a TMA map's stride
+  a.k.batch_stride = int64_t(1) << 39;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k.row_stride"));
+  a.k.row_stride = (int64_t(1) << 39) - 8;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k.batch_stride"));
+}
+
+TEST_F(FwdValidation, DeviceArraysMustBeAligned) {
+  a.page_table = fake<const int32_t>(0x620002);
+  a.page_size = 256;
+  a.num_pages = 8;
+  a.page_table_batch_stride = 4;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "page_table must be 4-byte aligned"));
+  a = valid_fwd();
+  a.dtype = FA3_DTYPE_E4M3;
+  a.q = fa3::bshd(fake(0x100000), kSeqQ, kHeadsQ, kDim);
+  a.k_descale = fake<const float>(0x700002);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "k_descale must be 4-byte aligned"));
+  a.k_descale = nullptr;
+  a.q_block_descale.data = fake<const float>(0x700000);
+  a.q_block_descale.block_size = 64;
+  a.q_block_descale.num_blocks = 2;
+  a.q_block_descale.batch_stride = -1;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "q_block_descale.batch_stride"));
+  a = valid_fwd();
+  a.cu_seqlens_q = fake<const int32_t>(0x600001);
+  a.cu_seqlens_k = fake<const int32_t>(0x610000);
+  a.total_q = kBatch * kSeqQ;
+  a.total_k = kBatch * kSeqK;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "cu_seqlens_q must be 4-byte aligned"));
+  a.cu_seqlens_q = fake<const int32_t>(0x600000);
+  a.seqused_k = fake<const int32_t>(0x620002);
+  EXPECT_TRUE(Invalid(fa3::validate(a), "seqused_k must be 4-byte aligned"));
+}
+
+TEST_F(FwdValidation, OtherRejectionsNameTheirField) {
+  auto expect = [&](auto change, const char* field) {
+    fa3::FwdArgs b = valid_fwd();
+    change(b);
+    EXPECT_TRUE(Invalid(fa3::validate(b), field)) << field;
+  };
+  expect([](auto& b) { b.heads_q = 0; }, "heads_q");
+  expect([](auto& b) { b.descale_batch_stride = -1; }, "descale_batch_stride");
+  expect([](auto& b) { b.v.head_stride = 3; }, "v.head_stride");
+  EXPECT_TRUE(Invalid(fa3::workspace_size(a, nullptr), "bytes"));
+  EXPECT_TRUE(Invalid(fa3::kernel_name(a, nullptr), "name"));
+}
+
+// The decode path's partial rows are counted in 64 bits (the launch refuses more than 32 bits hold).
+TEST(SplitWorkspace, RowsDoNotWrap) {
+  fa3::FwdArgs a = valid_fwd();
+  a.batch = 3;
+  a.seqlen_q = 1431655766;  // 3 x that = 2^32 + 2
+  const fa3::attn::SplitWorkspace w = fa3::attn::split_workspace(a, 2);
+  EXPECT_EQ(w.rows, int64_t(3) * 1431655766);
+  EXPECT_EQ(w.lse_elems, 2 * int64_t(kHeadsQ) * w.rows);
+}
+
+TEST_F(BwdValidation, ForwardOnlyFieldsAreRefused) {
+  fa3::BwdArgs c = b;
+  c.fwd.cache_seqlens = fake<const int32_t>(0x630000);
+  EXPECT_TRUE(Invalid(fa3::validate(c), "cache_seqlens"));
+  c = b;
+  c.fwd.cache_seqlens = fake<const int32_t>(0x630000);
+  c.fwd.seqlen_new = 1;
+  c.fwd.k_new = fa3::bshd(fake(0x640000), 1, kHeadsKv, kDim);
+  c.fwd.v_new = fa3::bshd(fake(0x650000), 1, kHeadsKv, kDim);
+  EXPECT_TRUE(Fails(fa3::validate(c), FA3_ERROR_NOT_SUPPORTED, "k_new"));
+  c = b;
+  c.fwd.cache_seqlens = fake<const int32_t>(0x630000);
+  c.fwd.rotary_cos = fake<const void>(0x660000);
+  c.fwd.rotary_sin = fake<const void>(0x670000);
+  c.fwd.rotary_dim = 64;
+  c.fwd.rotary_rows = kSeqK;
+  c.fwd.rotary_row_stride = 32;
+  EXPECT_TRUE(Fails(fa3::validate(c), FA3_ERROR_NOT_SUPPORTED, "rotary_cos"));
+}
+
+TEST_F(BwdValidation, HeadsAndBatchWithinTheGrid) {
+  b.fwd.batch = 65536;
+  EXPECT_TRUE(Invalid(fa3::validate(b), "batch"));
+  b.fwd.batch = 65535;
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+}
+
+TEST_F(BwdValidation, GradientTensorsAreChecked) {
+  auto expect = [&](auto change, const char* field) {
+    fa3::BwdArgs c = b;
+    change(c);
+    EXPECT_TRUE(Invalid(fa3::validate(c), field)) << field;
+  };
+  expect([](auto& c) { c.dq.head_stride = 0; }, "dq strides make elements overlap");
+  expect([](auto& c) { c.dk.row_stride = 4; }, "dk.row_stride");
+  expect([](auto& c) { c.dout.row_stride = 12; }, "dout.row_stride");
+  expect([](auto& c) { c.workspace = fake(0x700008), c.workspace_bytes = 64; }, "workspace must be 16-byte aligned");
+}
+
+class CombineValidation : public ::testing::Test {
+ protected:
+  fa3::CombineArgs c = [] {
+    fa3::CombineArgs x;
+    x.num_splits = 4;
+    x.batch = kBatch;
+    x.seqlen = kSeqQ;
+    x.heads = kHeadsQ;
+    x.head_dim = kDim;
+    x.out_partial = fake<const float>(0x100000);
+    x.out_partial_row_stride = kHeadsQ * kDim;
+    x.out_partial_head_stride = kDim;
+    x.out_partial_batch_stride = int64_t(kSeqQ) * kHeadsQ * kDim;
+    x.out_partial_split_stride = kBatch * x.out_partial_batch_stride;
+    x.lse_partial = fake<const float>(0x200000);
+    x.lse_partial_head_stride = 1;
+    x.lse_partial_row_stride = kHeadsQ;
+    x.lse_partial_batch_stride = kSeqQ * kHeadsQ;
+    x.lse_partial_split_stride = kBatch * kSeqQ * kHeadsQ;
+    x.out = fa3::bshd(fake(0x300000), kSeqQ, kHeadsQ, kDim);
+    return x;
+  }();
+};
+
+TEST_F(CombineValidation, ValidArgsPass) { EXPECT_TRUE(Passes(fa3::validate(c))); }
+
+TEST_F(CombineValidation, BadArgumentsAreNamed) {
+  auto expect = [&](auto change, const char* field) {
+    fa3::CombineArgs b = c;
+    change(b);
+    EXPECT_TRUE(Invalid(fa3::validate(b), field)) << field;
+  };
+  expect([](auto& b) { b.struct_size = 3; }, "struct_size");
+  expect([](auto& b) { b.out_dtype = FA3_DTYPE_E4M3; }, "out_dtype");
+  expect([](auto& b) { b.num_splits = 0; }, "num_splits");
+  expect([](auto& b) { b.num_splits = 129; }, "num_splits");
+  expect([](auto& b) { b.batch = 0; }, "batch");
+  expect([](auto& b) { b.heads = 0; }, "heads");
+  expect([](auto& b) { b.head_dim = 6; }, "head_dim");
+  expect([](auto& b) { b.head_dim = 260; }, "head_dim");
+  expect([](auto& b) { b.out_partial = nullptr; }, "out_partial must not be NULL");
+  expect([](auto& b) { b.lse_partial = nullptr; }, "lse_partial must not be NULL");
+  expect([](auto& b) { b.out.data = nullptr; }, "out.data must not be NULL");
+  expect([](auto& b) { b.out_partial = offset_bytes(b.out_partial, 8); }, "out_partial must be 16-byte aligned");
+  expect([](auto& b) { b.out_partial_row_stride = 6; }, "out_partial_row_stride");
+  expect([](auto& b) { b.out.data = offset_bytes(b.out.data, 4); }, "out.data must be 8-byte aligned");
+  expect([](auto& b) { b.out.row_stride = -4; }, "out.row_stride");
+  expect([](auto& b) { b.lse_partial_split_stride = -1; }, "lse_partial_split_stride");
+  expect([](auto& b) { b.lse_partial = offset_bytes(b.lse_partial, 2); }, "lse_partial must be 4-byte aligned");
+  expect([](auto& b) { b.lse = fake<float>(0x400002); }, "lse must be 4-byte aligned");
+  expect([](auto& b) { b.seqused = fake<const int32_t>(0x500001); }, "seqused must be 4-byte aligned");
+  expect([](auto& b) { b.out.head_stride = 0; }, "out strides make elements overlap");
+  expect([](auto& b) { b.seqlen = 1 << 24, b.heads = 256; }, "seqlen * heads");
+}
+
+TEST_F(QuantizeValidation, PackedRowsNeedAlignedOffsets) {
+  q.cu_seqlens = fake<const int32_t>(0xb00002);
+  q.total = kBatch * kSeqK;
+  EXPECT_TRUE(Invalid(fa3::validate(q), "cu_seqlens must be 4-byte aligned"));
+  q.cu_seqlens = fake<const int32_t>(0xb00000);
+  EXPECT_TRUE(Passes(fa3::validate(q)));
+  q.batch = 0;
+  EXPECT_TRUE(Invalid(fa3::validate(q), "batch"));
 }
 }  // namespace

@@ -22,6 +22,7 @@ steps=("$@")
 want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
 summary=()
 note() { summary+=("$(printf '%-22s %s' "$1" "$2")"); }
+failed=()  # steps whose exit status was not 0: the script's own exit status is 1 then
 
 if [ -f "$BUILD/fa3-carry.tar.xz" ] && [ ! -f "$BUILD/libfa3.so" ]; then  # tools/pack-build.sh's archive
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BUILD/fa3-carry.tar.xz" "$BUILD"
@@ -37,9 +38,13 @@ if want tests && [ ! -x "$BUILD/fa3_tests" ]; then
   note "gpu tests" "not built (GoogleTest missing when $BUILD was configured)"
 elif want tests; then
   echo "== GPU tests"
-  timeout ${TEST_TIMEOUT:-420} "$BUILD/fa3_tests" --gtest_filter="${TEST_FILTER:-*}" 2>&1 | tee "$OUT/tests.log" \
-    | grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|seed|Expected|Which is|rel_fro" | head -150
-  note "gpu tests" "$(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
+  # The binary's status is kept (a crash or a timeout leaves no PASSED/FAILED line); the log is
+  # filtered afterwards, so that a long excerpt cannot stop the tests through a closed pipe.
+  timeout ${TEST_TIMEOUT:-420} "$BUILD/fa3_tests" --gtest_filter="${TEST_FILTER:-*}" > "$OUT/tests.log" 2>&1
+  rc=$?
+  grep -E "^\[  (FAILED|  OK|PASSED|SKIPPED) |Failure|error|seed|Expected|Which is|rel_fro" "$OUT/tests.log" | head -150
+  note "gpu tests" "rc=$rc $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped; $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
+  [ $rc -eq 0 ] || failed+=("gpu tests")
   sass=$(cuobjdump --dump-sass "$BUILD/libfa3.so" 2>/dev/null)
   note "SASS" "HGMMA $(grep -c HGMMA <<<"$sass"), local ld/st $(grep -cE 'LDL|STL' <<<"$sass")"
 fi
@@ -54,6 +59,7 @@ if want sanitize; then
       --error-exitcode 9 "$BUILD/fa3_tests" --gtest_filter="$filter" > "$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     note "sanitizer $tool" "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+    [ $rc -eq 0 ] || failed+=("sanitizer $tool")
   done
 fi
 
@@ -93,8 +99,11 @@ if want python; then
   else
     echo "== python package tests"
     PYTHONPATH=python FA3_TORCH_LIB="$lib" timeout ${PYTEST_TIMEOUT:-600} python3 -m pytest -q -p no:cacheprovider -rs \
-      ${PYTEST_ARGS:-} python/tests 2>&1 | tee "$OUT/pytest.log" | tail -40
-    note "python tests" "$(tail -1 "$OUT/pytest.log")"
+      ${PYTEST_ARGS:-} python/tests > "$OUT/pytest.log" 2>&1
+    rc=$?
+    tail -40 "$OUT/pytest.log"
+    note "python tests" "rc=$rc $(tail -1 "$OUT/pytest.log")"
+    [ $rc -eq 0 ] || failed+=("python tests")
     PYTHONPATH=python FA3_TORCH_LIB="$lib" timeout 120 python3 bench/torch_overhead.py --lib "$BUILD/libfa3.so" \
       --json "$OUT/torch_overhead.json" 2>&1 | tee "$OUT/torch_overhead.log"
   fi
@@ -122,4 +131,8 @@ for line in "${summary[@]}"; do echo "$line"; done
 [ -f "$OUT/torch_overhead.log" ] && cat "$OUT/torch_overhead.log"
 [ -f "$OUT/compare_decode.log" ] && sed -n '/^# summary/,$p' "$OUT/compare_decode.log" | head -30
 [ -f "$OUT/compare_bwd.log" ] && grep -E "^ *(64|96|128|192|256) |geometric|PROBLEM" "$OUT/compare_bwd.log" | head -40
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
 exit 0

@@ -72,6 +72,27 @@ def _require() -> None:
 _load()
 
 
+TMA_BYTES = 16  # fa3 moves head-dim rows and strides in 16-byte units (TMA)
+
+
+def tma_layout(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """t itself when fa3 can read it in place, else a contiguous copy.
+
+    fa3 needs a unit head-dim stride, the other strides in 16-byte multiples and a 16-byte aligned
+    start; the usual layouts (BHSD/BSHD, contiguous or transposed, packed) pass untouched. Slices
+    such as autograd's gradient of one part of a concatenation do not.
+    """
+    if t is None:
+        return None
+    multiple = TMA_BYTES // t.element_size()
+    if ((t.size(-1) <= 1 or t.stride(-1) == 1) and all(s % multiple == 0 for s in t.stride()[:-1])
+            and t.data_ptr() % TMA_BYTES == 0):
+        return t
+    c = t.contiguous()
+    # A contiguous tensor at an unaligned address comes back as itself: copy it.
+    return c if c.data_ptr() % TMA_BYTES == 0 else c.clone()
+
+
 # ---- Python entry points ------------------------------------------------------------------------
 def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
         max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
@@ -97,9 +118,12 @@ def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k
 
 
 def _fwd_below_autograd(args):
-    """fa3::fwd's kernel with no autograd recorded: CUDA tensors go straight to the CUDA kernel
-    (cheaper than entering a below-autograd guard, ~1.6 us); others (meta, fake) through the guard."""
-    if args[0].is_cuda:
+    """fa3::fwd's kernel with no autograd recorded: plain CUDA tensors go straight to the CUDA kernel
+    (cheaper than entering a below-autograd guard, ~1.6 us); others (meta, fake, subclasses such as
+    DTensor) and any call under a TorchDispatchMode (selective activation checkpointing, FLOP
+    counters, make_fx) through the dispatcher, which shows them the operator."""
+    q = args[0]
+    if q.is_cuda and type(q) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0:
         return _FWD_CUDA(_CUDA_KEYS, *args)
     with torch._C._AutoDispatchBelowAutograd():
         return _FWD_OP(*args)
@@ -181,7 +205,8 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                       rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0,
                       softmax_scale=0.0, causal=False, window_left=-1, window_right=-1, softcap=0.0,
                       num_splits=0, sinks=None, cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None):
-    out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]), dtype=out_dtype)
     if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]
         return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
@@ -219,9 +244,10 @@ def _fwd_backward(ctx, dout, _dlse):
         raise RuntimeError("fa3: the backward of the float8_e4m3fn forward is not supported")
     q, k, v, out, lse, cu_q, cu_k, su_q, su_k, sinks = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, softcap = ctx.scalars
-    # fa3 reads dO through strides but needs a contiguous head dim; a broadcast gradient (from
-    # out.sum().backward()) has stride 0 there, and q/k/v may be views the forward copied.
-    dout, q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (dout, q, k, v))
+    # fa3 reads dO through strides in 16-byte units with a contiguous head dim: a broadcast gradient
+    # (from out.sum().backward()) has stride 0 there, a slice of a larger gradient (the backward of
+    # torch.cat) odd strides and start; and q/k/v may be views the forward copied.
+    dout, q, k, v = (tma_layout(t) for t in (dout, q, k, v))
     dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, cu_q, cu_k, su_q, su_k, max_q, max_k, scale,
                              causal, wl, wr, softcap, ctx.deterministic, sinks)
     return dq, dk, dv, (dsinks if sinks is not None else None)

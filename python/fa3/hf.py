@@ -223,19 +223,18 @@ def _padded_attention(q, k, v, attention_mask, flash_kwargs):
         k, v = k[:, :kv_len], v[:, :kv_len]
     elif k.shape[1] < kv_len:
         raise ValueError(f"attention_mask: covers {kv_len} keys but key has {k.shape[1]}")
-    if q_len > kv_len:
-        raise ValueError(f"attention_mask: covers {kv_len} keys, fewer than the {q_len} queries")
-
     k_rows, k_cols, cu_k, max_k = _unpad_indices(attention_mask, kv_len)
-    if q_len == kv_len:
-        q_rows, q_cols, cu_q, max_q = k_rows, k_cols, cu_k, max_k
-    elif flash_kwargs["causal"]:
-        # Causal with a cache: the queries are the newest q_len tokens, i.e. the last q_len mask columns, and
-        # dropping the padded ones keeps the bottom-right alignment between valid queries and valid keys.
+    if flash_kwargs["causal"]:
+        # Causal: self-attention, the queries the newest q_len tokens (all of them without a cache), i.e. the
+        # last q_len mask columns; dropping the padded ones keeps the bottom-right alignment between valid
+        # queries and valid keys.
+        if q_len > kv_len:
+            raise ValueError(f"attention_mask: covers {kv_len} keys, fewer than the {q_len} causal queries")
         q_rows, q_cols, cu_q, max_q = _unpad_indices(attention_mask, q_len)
     else:
-        # Not causal (cross-attention: the mask describes the encoder tokens only): a query's result depends
-        # only on which keys are valid, so every query is kept.
+        # Not causal: the mask may describe other tokens than the queries (cross-attention: the encoder's, even
+        # where both have the same length), and a query's result depends only on which keys are valid, so
+        # every query is kept (padded ones get the attention of the valid keys, as with SDPA).
         q_rows, q_cols, cu_q, max_q = _all_positions(batch, q_len, q.device)
 
     # Advanced indexing on (batch, seq) gathers [nnz, h, d] straight from the strided views.

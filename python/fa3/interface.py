@@ -40,11 +40,19 @@ def _check_common(qv, attention_chunk) -> None:
         raise _not_supported("attention_chunk", "chunked attention is not supported by fa3 yet")
 
 
-def _window(window_size) -> Tuple[int, int]:
+_INT32_MAX = 2**31 - 1
+
+
+def _window(window_size, causal) -> Tuple[int, int]:
+    """(left, right) as fa3 takes them: causal sets right to 0 whatever was asked (FlashAttention-3's
+    rule; transformers passes causal=True with window_size=(w - 1, w - 1)), and sizes past int32
+    (unbounded in effect) are clamped; fa3 reads any window reaching past every key as none."""
     if window_size is None:
-        return -1, -1
-    left, right = window_size
-    return int(left), int(right)
+        left, right = -1, -1
+    else:
+        left, right = window_size
+    left, right = min(int(left), _INT32_MAX), min(int(right), _INT32_MAX)
+    return left, (0 if causal else right)
 
 
 def _scale(softmax_scale: Optional[float]) -> float:
@@ -78,7 +86,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """Attention over [batch, seqlen, heads, head_dim] tensors; differentiable in q, k, v.
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal is bottom-right aligned;
-    window_size = (left, right), -1 unbounded. Returns out, or (out, softmax_lse) when
+    window_size = (left, right), -1 unbounded (causal sets right to 0, as FlashAttention-3). Returns out, or (out, softmax_lse) when
     return_attn_probs (softmax_lse float32 [batch, heads, seqlen_q], not differentiable).
     float8_e4m3fn q/k/v: q/k/v_descale as FlashAttention-3's (float32 [batch, heads_kv]), and
     (fa3) block descales float32 [batch, heads, blocks] per q_block_size / kv_block_size tokens,
@@ -87,7 +95,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     differentiable.
     """
     _check_common(qv, attention_chunk)
-    wl, wr = _window(window_size)
+    wl, wr = _window(window_size, causal)
     if (q_block_descale is not None or k_block_descale is not None or v_block_descale is not None
             or learnable_sink is not None):
         out, lse = _ops.fwd(
@@ -124,7 +132,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q is None and cu_seqlens_k is None:
         raise ValueError("fa3: cu_seqlens_q / cu_seqlens_k: at least one is needed for the varlen "
                          "function (use flash_attn_func for fixed-length batches)")
-    wl, wr = _window(window_size)
+    wl, wr = _window(window_size, causal)
     out, lse = _ops.fwd(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
         seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0),
@@ -238,7 +246,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         # A contiguous cache indexed by cache_batch_idx is a paged cache whose pages are whole
         # cache rows: fa3 reads it in place through a one-column page table.
         page_table = cache_batch_idx.to(torch.int32).reshape(batch, 1)
-    wl, wr = _window(window_size)
+    wl, wr = _window(window_size, causal)
     if page_table is None:
         seqlen_k = k_cache.shape[1]
     else:

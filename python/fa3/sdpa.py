@@ -65,7 +65,6 @@ logger = logging.getLogger(__name__)
 _FP8 = torch.float8_e4m3fn
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _MAX_HEAD_DIM = 256
-_TMA_BYTES = 16  # fa3 moves head-dim rows and strides in 16-byte units (TMA)
 
 
 # ---- registration -------------------------------------------------------------------------------
@@ -188,7 +187,7 @@ def _fa3_can_run(query, key, value, *, varlen=False, dropout_p=0.0, return_debug
         return f"expected {want_dim}-D q/k/v, got {query.dim()}/{key.dim()}/{value.dim()}"
     if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
         return "an empty batch, sequence or head dimension"
-    multiple = _TMA_BYTES // query.element_size()
+    multiple = _ops.TMA_BYTES // query.element_size()
     for name, d in (("head_dim_qk", query.size(-1)), ("head_dim_v", value.size(-1))):
         if d % multiple != 0 or d > _MAX_HEAD_DIM:
             return f"{name} {d} (fa3 takes multiples of {multiple} up to {_MAX_HEAD_DIM})"
@@ -234,18 +233,17 @@ def _resolve_window(left, right, is_causal: bool):
     return wl, wr
 
 
-def _fa3_layout(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """t itself when fa3 can read it in place, else a contiguous copy.
-
-    fa3 needs a unit head-dim stride, the other strides in 16-byte multiples and a 16-byte aligned
-    start; the usual layouts (BHSD/BSHD, contiguous or transposed, packed) pass untouched.
-    """
-    if t is None:
-        return None
-    multiple = _TMA_BYTES // t.element_size()
-    ok = (t.size(-1) <= 1 or t.stride(-1) == 1) and \
-        all(s % multiple == 0 for s in t.stride()[:-1]) and t.data_ptr() % _TMA_BYTES == 0
-    return t if ok else t.contiguous()
+def _layout_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """t in the layout of torch.empty_like(like): PyTorch's meta kernels of the flash operators
+    promise it for the output and the gradients (torch.compile checks the strides), and its CUDA
+    kernels follow it. t itself where the strides agree (BSHD memory, the usual case), else a copy
+    (a query in BHSD memory, the math fallback's results)."""
+    if t.stride() == like.stride() or t.shape != like.shape:
+        return t
+    target = torch.empty_like(like, dtype=t.dtype)
+    if target.stride() == t.stride():
+        return t
+    return target.copy_(t)
 
 
 def _int32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -513,7 +511,7 @@ def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
     if reason is None:
         try:
             out, lse = _ops.fwd(
-                _fa3_layout(query), _fa3_layout(key), _fa3_layout(value),
+                _ops.tma_layout(query), _ops.tma_layout(key), _ops.tma_layout(value),
                 cu_seqlens_q=_int32(cum_seq_q), cu_seqlens_k=_int32(cum_seq_k),
                 seqused_k=_int32(seqused_k),
                 max_seqlen_q=int(max_q) if varlen else 0,
@@ -527,12 +525,13 @@ def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
         else:
             rng_state, unused = _rng_outputs(query.device, 0)
             debug = torch.empty(0, dtype=query.dtype, device=query.device)
-            return out, lse, rng_state, unused, debug
+            return _layout_like(out, query), lse, rng_state, unused, debug
     logger.debug("fa3.sdpa: flash forward falls back to math: %s", reason)
-    return _math_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                         scale=scale_f, wl=wl, wr=wr, return_debug_mask=return_debug_mask,
-                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, q_descale=q_descale,
-                         k_descale=k_descale, v_descale=v_descale)
+    out, lse, rng_state, unused, debug = _math_forward(
+        query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, scale=scale_f, wl=wl,
+        wr=wr, return_debug_mask=return_debug_mask, seqused_k=seqused_k,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return _layout_like(out, query), lse, rng_state, unused, debug
 
 
 def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -543,11 +542,12 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
     wl, wr = _resolve_window(window_size_left, window_size_right, is_causal)
     reason = _fa3_reason(query, key, value, varlen=varlen, dropout_p=dropout_p, scale=scale,
                          grad_out=grad_out, out=out, logsumexp=logsumexp)
+    grads = None
     if reason is None:
         try:
-            return _ops.bwd(
-                _fa3_layout(grad_out), _fa3_layout(query), _fa3_layout(key), _fa3_layout(value),
-                _fa3_layout(out), logsumexp.contiguous(),
+            grads = _ops.bwd(
+                *(_ops.tma_layout(t) for t in (grad_out, query, key, value, out)),
+                logsumexp.contiguous(),
                 cu_seqlens_q=_int32(cum_seq_q), cu_seqlens_k=_int32(cum_seq_k),
                 max_seqlen_q=int(max_q) if varlen else 0,
                 max_seqlen_k=int(max_k) if cum_seq_k is not None else 0,
@@ -557,9 +557,11 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
             if not _is_not_supported(err):
                 raise
             reason = str(err)
-    logger.debug("fa3.sdpa: flash backward falls back to math: %s", reason)
-    return _math_backward(grad_out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
-                          dropout_p, rng_state, scale=scale_f, wl=wl, wr=wr)
+    if grads is None:
+        logger.debug("fa3.sdpa: flash backward falls back to math: %s", reason)
+        grads = _math_backward(grad_out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                               dropout_p, rng_state, scale=scale_f, wl=wl, wr=wr)
+    return tuple(_layout_like(g, t) for g, t in zip(grads, (query, key, value)))
 
 
 def _flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,

@@ -292,18 +292,20 @@ def test_padded_rows_come_back_as_zeros_from_attention():
     assert_close(out[1, 4:], expected, "left-padded row")
 
 
-def test_cross_attention_keeps_every_query(monkeypatch):
-    # Not causal, fewer queries than keys, mask over the keys only (encoder padding).
+@pytest.mark.parametrize("q_len", [3, 7, 10])
+def test_cross_attention_keeps_every_query(monkeypatch, q_len):
+    # Not causal, mask over the keys only (encoder padding): fewer, as many (the decoder padded to the
+    # encoder's length: its queries at the encoder's padded positions are real tokens) or more queries.
     class Module(torch.nn.Module):
         is_causal = False
 
     calls = StandIn()
     monkeypatch.setattr(interface, "flash_attn_varlen_func", calls.varlen)
-    q = torch.randn(2, 4, 3, 8)
+    q = torch.randn(2, 4, q_len, 8)
     k, v = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
     mask = padding_mask([7, 4], 7, "right").bool()
     out, _ = fa3.hf.attention_forward(Module(), q, k, v, mask)
-    assert calls.calls[0]["cu_q"] == [0, 3, 6] and calls.calls[0]["cu_k"] == [0, 7, 11]
+    assert calls.calls[0]["cu_q"] == [0, q_len, 2 * q_len] and calls.calls[0]["cu_k"] == [0, 7, 11]
     for b, n in enumerate([7, 4]):
         expected = _reference(q[b].transpose(0, 1), k[b, :, :n].transpose(0, 1), v[b, :, :n].transpose(0, 1),
                               None, False, (-1, -1), 0.0)

@@ -159,6 +159,41 @@ def test_unsupported_arguments_are_named():
         fa3.flash_attn_varlen_func(x, x, x, None, None, 4, 4)
 
 
+def test_windows_as_flash_attention_3_reads_them(monkeypatch):
+    # causal sets the right edge to 0 whatever window_size says (FlashAttention-3's rule; transformers
+    # passes causal=True with window_size=(w - 1, w - 1)); sizes past int32 are clamped, not wrapped.
+    calls = []
+
+    def fake_fwd(q, k, v, *args, **kw):
+        calls.append(kw.get("window_left", args[12] if len(args) > 12 else None))
+        calls.append(kw.get("window_right", args[13] if len(args) > 13 else None))
+        return q, None
+
+    monkeypatch.setattr(_ops, "fwd", fake_fwd)
+    x = meta(1, 4, 2, 64)
+    fa3.flash_attn_func(x, x, x, causal=True, window_size=(127, 127))
+    fa3.flash_attn_func(x, x, x, window_size=(2**40, 3))
+    fa3.flash_attn_varlen_func(x[0], x[0], x[0], torch.zeros(2, dtype=torch.int32), None, 4, 4,
+                               causal=True, window_size=(-1, 5))
+    assert calls == [127, 0, 2**31 - 1, 3, -1, 0]
+
+
+def test_tma_layout_copies_only_what_fa3_cannot_read():
+    base = torch.randn(2, 16, 4, 68, dtype=BF16)
+    view = base[..., 4:]                         # strides of 68 elements (136 bytes), 8 bytes in
+    assert _ops.tma_layout(view).is_contiguous()
+    wide = torch.randn(2, 16, 4, 72, dtype=BF16)[..., :64]
+    assert _ops.tma_layout(wide) is wide         # 144-byte strides: read in place
+    bshd = torch.randn(2, 4, 16, 64, dtype=BF16).transpose(1, 2)
+    assert _ops.tma_layout(bshd) is bshd         # BHSD memory seen as BSHD: read in place
+    flat = torch.randn(2 * 16 * 4 * 64 + 4, dtype=BF16)
+    shifted = flat[4:].view(2, 16, 4, 64)        # contiguous, 8 bytes past an aligned start
+    assert shifted.data_ptr() % 16 != 0
+    fixed = _ops.tma_layout(shifted)
+    assert fixed.data_ptr() % 16 == 0 and torch.equal(fixed, shifted)
+    assert _ops.tma_layout(None) is None
+
+
 def test_combine_matches_float64():
     torch.manual_seed(0)
     splits, b, s, h, d = 5, 3, 7, 4, 16

@@ -548,7 +548,8 @@ def test_sdpa_forward_hands_fa3_bshd_views(stand_in, causal, heads):
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.2,
                                          enable_gqa=h_q != h_kv)
     assert out.shape == q.shape and rel(out, ref) < 1e-12
-    assert out.transpose(1, 2).is_contiguous()  # BHSD over BSHD memory, as PyTorch's kernel
+    # Laid out as torch.empty_like(query), as aten's meta kernel promises (BHSD memory here).
+    assert out.stride() == torch.empty_like(q).stride()
     scores = (q @ k.repeat_interleave(h_q // h_kv, 1).transpose(-1, -2)) * 0.2
     if causal:
         scores = scores.masked_fill(~allowed_keys(10, 10, True, -1, -1), float("-inf"))
@@ -642,6 +643,36 @@ def test_aten_sdpa_flash_op_and_its_autograd_reach_fa3(cpu_overrides, stand_in, 
     assert rel(out, ref) < 1e-12
     for g, w in zip(got, want):
         assert rel(g, w) < 1e-12
+
+
+@pytest.mark.parametrize("memory", ["bshd", "bhsd"])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_outputs_are_laid_out_like_the_inputs(cpu_overrides, stand_in, memory, dropout_p):
+    # aten's meta kernels give the output and the gradients torch.empty_like's layout of query, key
+    # and value, and compiled graphs assert it: for BSHD memory (transformers' projections viewed
+    # and transposed: fa3's own layout) and BHSD memory, fa3's path and the math fallback (dropout).
+    torch.manual_seed(12)
+    shape = (2, 10, 4, 16) if memory == "bshd" else (2, 4, 10, 16)
+    q, k, v = (randn(*shape) for _ in range(3))
+    if memory == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, False, False)[0]
+    assert out.stride() == torch.empty_like(q).stride()
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    for g, t in zip(grads, (q, k, v)):
+        assert g.stride() == torch.empty_like(t).stride()
+
+
+def test_compiled_sdpa_flash_op_checks_out(cpu_overrides):
+    # Inductor asserts the operator's output strides against its meta kernel: here those of BSHD
+    # memory, where the math fallback (dropout) computes in BHSD.
+    torch.manual_seed(13)
+    q, k, v = (randn(1, 8, 2, 16, dtype=torch.float32).transpose(1, 2) for _ in range(3))
+    fn = lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(  # noqa: E731
+        q, k, v, 0.1, False, False)[0]
+    out = torch.compile(fn, backend="inductor", fullgraph=True)(q, k, v)
+    assert out.shape == q.shape and out.stride() == q.stride()
 
 
 def test_aten_dropout_autograd_runs_the_fallback(cpu_overrides):

@@ -20,6 +20,12 @@ namespace fa3 {
 namespace detail {
 namespace {
 
+// The device this thread's last call ran on (check_device), -1 before its first call.
+int& checked_device() {
+  thread_local int device = -1;
+  return device;
+}
+
 // fa3 is built for sm_90a only: any other device would fail at launch with a less helpful message.
 Status check_device() {
   int dev = 0;
@@ -28,8 +34,7 @@ Status check_device() {
   // and cudaSetDevice, because a host thread that has made no CUDA runtime call has no current
   // context and the driver's cuTensorMapEncodeTiled then fails (CUDA_ERROR_INVALID_CONTEXT). The
   // context stays current until the thread picks another device, which makes that one's current.
-  thread_local int checked_device = -1;
-  if (checked_device == dev) return ok();
+  if (checked_device() == dev) return ok();
   int major = 0, minor = 0;
   FA3_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   FA3_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
@@ -37,7 +42,7 @@ Status check_device() {
     return not_supported("fa3 runs on Hopper GPUs (compute capability 9.0); the current device " + std::to_string(dev) +
                          " is " + std::to_string(major) + "." + std::to_string(minor));
   FA3_CUDA_TRY(cudaSetDevice(dev));
-  checked_device = dev;
+  checked_device() = dev;
   return ok();
 }
 
@@ -46,26 +51,35 @@ Status check_device() {
 // call's tensors; cudaPointerGetAttributes was ~0.3 us per pointer of the host path): CUDA keeps
 // its device address ranges reserved, so such an address does not become host memory later. The
 // memory is searched whole (a slot per address bit pattern made allocations aligned alike — CUDA's
-// and PyTorch's are at 512 B to 2 MB boundaries — evict each other at every call).
+// and PyTorch's are at 512 B to 2 MB boundaries — evict each other at every call). The pointers are
+// those of one device (the thread's current one): a kernel cannot read another GPU's memory without
+// peer access, so memory of another device is refused, and a change of device empties the cache.
 struct KnownPointers {
   static constexpr int kSize = 32;
   const void* ptr[kSize] = {};
   int next = 0;
+  int device = -1;
 };
 KnownPointers& known_pointers() {
   thread_local KnownPointers known;
   return known;
 }
 
+// After check_device(): the current device is checked_device().
 Status check_device_pointer(const void* ptr, const char* name) {
   if (ptr == nullptr) return ok();
   KnownPointers& known = known_pointers();
+  if (known.device != checked_device()) known = KnownPointers{{}, 0, checked_device()};
   for (const void* k : known.ptr)
     if (k == ptr) return ok();
   cudaPointerAttributes attr{};
   FA3_CUDA_TRY(cudaPointerGetAttributes(&attr, ptr));
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     return invalid(std::string(name) + " must point to device memory (got a host or unregistered pointer)");
+  if (attr.type == cudaMemoryTypeDevice && attr.device != known.device)
+    return invalid(std::string(name) + " points to memory of device " + std::to_string(attr.device) +
+                   ", but the current device is " + std::to_string(known.device) +
+                   " (fa3 runs on the current device: cudaSetDevice first)");
   known.ptr[known.next] = ptr;
   known.next = (known.next + 1) % KnownPointers::kSize;
   return ok();

@@ -23,6 +23,10 @@ using std::to_string;
 // TMA copies need 16-byte-aligned base addresses and 16-byte-multiple strides.
 constexpr int64_t kTmaBytes = 16;
 constexpr int kMaxHeadDim = 256;
+// Room below 2^31 for a key block past the last position.
+constexpr int64_t kMaxPositions = (int64_t(1) << 31) - (int64_t(1) << 16);
+// CUDA's grid y and z extents (the backward's and the reference kernels' heads and batch).
+constexpr int64_t kMaxGridYz = 65535;
 
 std::string hex(const void* ptr) {
   char buf[32];
@@ -83,6 +87,11 @@ Status check_sizes(const fa3_fwd_params& p) {
   FA3_TRY(check_positive("seqlen_k", p.seqlen_k));
   FA3_TRY(check_positive("heads_q", p.heads_q));
   FA3_TRY(check_positive("heads_kv", p.heads_kv));
+  // The kernels index key and query positions in 32 bits, window edges included (mask.cuh adds a
+  // row, the offset seqlen_k - seqlen_q and a window below seqlen_q; make_problem drops wider ones).
+  if (int64_t(p.seqlen_q) + p.seqlen_k > kMaxPositions)
+    return invalid("seqlen_q + seqlen_k must be <= " + to_string(kMaxPositions) + " (32-bit key positions); got " +
+                   to_string(p.seqlen_q) + " + " + to_string(p.seqlen_k));
   // Each key/value head serves a whole group of query heads (GQA; MQA when heads_kv == 1).
   if (p.heads_q % p.heads_kv != 0)
     return invalid("heads_q must be a multiple of heads_kv (GQA/MQA); got heads_q " + to_string(p.heads_q) +
@@ -126,6 +135,10 @@ Status check_stride(const TensorSpec& s, const char* f, int64_t stride) {
   if (stride % multiple != 0)
     return invalid(field(s, f) + " must be a multiple of " + to_string(multiple) + " elements (16 bytes of " +
                    dtype_name(s.dtype) + ", for TMA); got " + to_string(stride));
+  // A TMA map's strides are below 2^40 bytes (cuTensorMapEncodeTiled).
+  if (stride >= (int64_t(1) << 40) / element_bytes(s.dtype))
+    return invalid(field(s, f) + " must span fewer than 2^40 bytes (a TMA limit); got " + to_string(stride) +
+                   " elements of " + dtype_name(s.dtype));
   return ok();
 }
 
@@ -269,6 +282,8 @@ Status check_paged(const fa3_fwd_params& p) {
   if (p.cu_seqlens_k != nullptr)
     return invalid("page_table cannot be combined with cu_seqlens_k; use seqused_k for per-sequence key counts "
                    "with a paged cache");
+  if (!aligned(p.page_table, sizeof(int32_t)))
+    return invalid("page_table must be 4-byte aligned (int32); got " + hex(p.page_table));
   FA3_TRY(check_positive("page_size", p.page_size));
   FA3_TRY(check_positive("num_pages", p.num_pages));
   const int64_t pages_per_seq = (static_cast<int64_t>(p.seqlen_k) + p.page_size - 1) / p.page_size;
@@ -283,9 +298,13 @@ Status check_descale(const fa3_fwd_params& p) {
   const std::pair<const float*, const char*> ptrs[] = {
       {p.q_descale, "q_descale"}, {p.k_descale, "k_descale"}, {p.v_descale, "v_descale"}};
   // Descaling undoes FP8 quantisation; for 16-bit inputs it would be silently ignored.
-  for (const auto& [ptr, name] : ptrs)
-    if (ptr != nullptr && p.dtype != FA3_DTYPE_E4M3)
+  for (const auto& [ptr, name] : ptrs) {
+    if (ptr == nullptr) continue;
+    if (p.dtype != FA3_DTYPE_E4M3)
       return invalid(std::string(name) + " is only used with dtype e4m3; got dtype " + dtype_name(p.dtype));
+    if (!aligned(ptr, sizeof(float)))
+      return invalid(std::string(name) + " must be 4-byte aligned (float32); got " + hex(ptr));
+  }
   if (p.descale_batch_stride < 0)
     return invalid("descale_batch_stride must be >= 0; got " + to_string(p.descale_batch_stride));
   if (p.descale_head_stride < 0)
@@ -471,7 +490,11 @@ Status validate_quantize(const fa3_quantize_params* p) {
     return invalid("seqlen x heads x batch is too large: ceil(seqlen / max(block_size, 128)) * heads * batch must be "
                    "<= 2^30; got " + to_string(chunks));
   const bool packed = p->cu_seqlens != nullptr;
-  if (packed) FA3_TRY(check_positive("total", p->total));
+  if (packed) {
+    FA3_TRY(check_positive("total", p->total));
+    if (!aligned(p->cu_seqlens, sizeof(int32_t)))
+      return invalid("cu_seqlens must be 4-byte aligned (int32); got " + hex(p->cu_seqlens));
+  }
   const int64_t rows = packed ? p->total : p->seqlen;
   FA3_TRY(check_tensor(p->in, TensorSpec{"in", p->in_dtype, packed, p->batch, rows, p->heads, p->head_dim,
                                          packed ? "total" : "seqlen", "heads", "head_dim"},
@@ -513,6 +536,10 @@ Status validate_combine(const fa3_combine_params* p) {
   if (p->head_dim < 4 || p->head_dim > attn::kMaxCombineHeadDim || p->head_dim % 4 != 0)
     return invalid("head_dim must be a multiple of 4 in [4, " + to_string(attn::kMaxCombineHeadDim) + "]; got " +
                    to_string(p->head_dim));
+  // The kernel numbers a batch entry's (row, head) pairs in 32 bits (combine.cu).
+  if (int64_t(p->seqlen) * p->heads > kMaxPositions)
+    return invalid("seqlen * heads must be <= " + to_string(kMaxPositions) + "; got " + to_string(p->seqlen) +
+                   " * " + to_string(p->heads));
   if (p->out_partial == nullptr) return invalid("out_partial must not be NULL");
   if (p->lse_partial == nullptr) return invalid("lse_partial must not be NULL");
   if (p->out.data == nullptr) return invalid("out.data must not be NULL");
@@ -542,6 +569,13 @@ Status validate_combine(const fa3_combine_params* p) {
       {p->lse_head_stride, "lse_head_stride"}};
   for (const auto& [stride, name] : lse_strides)
     if (stride < 0) return invalid(std::string(name) + " must be >= 0; got " + to_string(stride));
+  const std::pair<const void*, const char*> words[] = {
+      {p->lse_partial, "lse_partial"}, {p->lse, "lse"}, {p->cu_seqlens, "cu_seqlens"}, {p->seqused, "seqused"}};
+  for (const auto& [ptr, name] : words)
+    if (!aligned(ptr, 4)) return invalid(std::string(name) + " must be 4-byte aligned; got " + hex(ptr));
+  // An output: no two (row, head) pairs may share elements (packed rows: at least seqlen of them).
+  FA3_TRY(check_no_overlap(p->out, TensorSpec{"out", p->out_dtype, p->cu_seqlens != nullptr, p->batch, p->seqlen,
+                                              p->heads, p->head_dim, "seqlen", "heads", "head_dim"}));
   return ok();
 }
 
@@ -551,9 +585,19 @@ Status validate_bwd(const fa3_bwd_params* p) {
   FA3_TRY(validate_fwd(&p->fwd));
   if (p->fwd.dtype == FA3_DTYPE_E4M3) return not_supported("the FP8 backward (dtype e4m3)");
   if (p->fwd.page_table != nullptr) return not_supported("the backward with a paged KV cache (page_table)");
+  // The KV-cache append is the forward's alone: its keys per sequence are seqused_k here.
+  if (p->fwd.k_new.data != nullptr || p->fwd.v_new.data != nullptr)
+    return not_supported("the backward of a KV-cache append (k_new / v_new)");
+  if (p->fwd.rotary_cos != nullptr || p->fwd.rotary_sin != nullptr)
+    return not_supported("the backward of the rotary embedding (rotary_cos / rotary_sin)");
+  if (p->fwd.cache_seqlens != nullptr)
+    return invalid("cache_seqlens must be NULL for the backward (pass the keys each sequence used as seqused_k)");
+  // The backward's kernels take heads and batch entries as grid dimensions.
+  if (p->fwd.heads_q > kMaxGridYz || p->fwd.batch > kMaxGridYz)
+    return invalid("heads_q and batch must be <= " + to_string(kMaxGridYz) + " for the backward; got heads_q " +
+                   to_string(p->fwd.heads_q) + ", batch " + to_string(p->fwd.batch));
   // dS needs P = exp(S - LSE), and recomputing LSE would cost a second forward.
   if (p->fwd.lse == nullptr) return invalid("lse must not be NULL for the backward (pass the forward's LSE)");
-  if (p->fwd.out.data == nullptr) return invalid("out.data must not be NULL for the backward (pass the forward's O)");
   FA3_TRY(check_bwd_tensors(*p));
   if (p->deterministic != 0 && p->deterministic != 1)
     return invalid("deterministic must be 0 or 1; got " + to_string(p->deterministic));

@@ -15,7 +15,7 @@ namespace fa3::attn {
 // kSplit: the decode path. A tile's key blocks split into num_splits ranges (block_info.cuh), the
 //   query heads of a kv head packed into one tile where they fit (pack-GQA, tile_rows.cuh), and each
 //   (tile, split) writing fp32 partial O and its LSE into the workspace, which the combine kernel
-//   (combine.cuh) merges into O. Built on the varlen sequence info (it covers fixed lengths too) and
+//   (combine.cu) merges into O. Built on the varlen sequence info (it covers fixed lengths too) and
 //   the masked instantiation (it covers unmasked problems too): one decode kernel per head dim.
 template <bool kMasked_, bool kSoftcap_ = false, bool kVarlen_ = false, bool kSplit_ = false>
 struct FwdFeatures {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "src/attention/bshd_map.h"
 #include "src/attention/combine.h"
@@ -26,6 +27,10 @@ constexpr CUtensorMapDataType tma_dtype(int dtype) {
          : dtype == FA3_DTYPE_E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
+
+// The most tiles (and partial rows) a launch takes: the kernels count them in 32 bits, with room
+// for a grid's stride past the last.
+constexpr int64_t kMaxTiles = (int64_t(1) << 31) - (int64_t(1) << 16);
 
 // Declared in fwd_launch.h; instantiated per generated file for the product's tiles (FwdConfig) and
 // by the tuning benchmark for other TileConfigs.
@@ -69,7 +74,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   p.lse = a.lse;
   set_problem_params(p, f, Feat::kSoftcap);
   p.num_m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  p.num_tiles = p.num_m_blocks * a.heads_q * a.batch;
+  int64_t tiles = int64_t(p.num_m_blocks) * a.heads_q * a.batch;
   SplitWorkspace ws{};
   if constexpr (Feat::kSplit) {
     const int queries = Cfg::kBlockM / pack;
@@ -79,13 +84,25 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     while ((1 << p.pack_queries_log2) < queries) ++p.pack_queries_log2;
     if (f.num_splits > 1) {  // (one split writes O itself: epilogue.cuh)
       ws = split_workspace(a, f.num_splits);
-      p.partial_rows = ws.rows;
+      if (ws.rows > kMaxTiles)
+        return Status(FA3_ERROR_INVALID_ARGUMENT, "num_splits > 1 needs batch * seqlen_q (or total_q) <= " +
+                                                      std::to_string(kMaxTiles) + "; got " + std::to_string(ws.rows));
+      p.partial_rows = static_cast<int>(ws.rows);
       p.o_partial = static_cast<float*>(a.workspace);
       p.lse_partial = p.o_partial + ws.o_elems;
     }
     p.num_m_blocks = (a.seqlen_q + queries - 1) / queries;
-    p.num_tiles = p.num_m_blocks * (a.heads_q / pack) * f.num_splits * a.batch;
+    tiles = int64_t(p.num_m_blocks) * (a.heads_q / pack) * f.num_splits * a.batch;
   }
+  // The persistent scheduler numbers tiles (and batch x heads) in 32 bits, a grid's stride past the
+  // last included.
+  if (tiles > kMaxTiles)
+    return Status(FA3_ERROR_INVALID_ARGUMENT,
+                  "batch * heads_q * query blocks" + std::string(Feat::kSplit ? " * num_splits" : "") + " = " +
+                      std::to_string(tiles) + " tiles exceed " + std::to_string(kMaxTiles) +
+                      " (batch " + std::to_string(a.batch) + ", heads_q " + std::to_string(a.heads_q) +
+                      ", seqlen_q " + std::to_string(a.seqlen_q) + ")");
+  p.num_tiles = static_cast<int>(tiles);
   p.lpt_order = Feat::kMasked && !Feat::kVarlen;
   p.every_row_sees_a_key = !Feat::kMasked || (f.window_left < 0 && a.seqlen_q <= a.seqlen_k);
   p.cu_seqlens_q = a.cu_seqlens_q;

@@ -12,14 +12,15 @@ namespace fa3::attn {
 // The partials in the workspace: O [num_splits][heads_q][rows][head_dim_v] then LSE
 // [num_splits][heads_q][rows], fp32, rows = packed Q's rows (total_q) or batch * seqlen_q.
 struct SplitWorkspace {
-  int num_splits = 0, rows = 0;
+  int num_splits = 0;
+  int64_t rows = 0;
   int64_t o_elems = 0, lse_elems = 0;
   size_t bytes = 0;
 };
 inline SplitWorkspace split_workspace(const fa3_fwd_params& a, int num_splits) {
   SplitWorkspace w;
   w.num_splits = num_splits;
-  w.rows = a.cu_seqlens_q ? a.total_q : a.batch * a.seqlen_q;
+  w.rows = a.cu_seqlens_q ? int64_t(a.total_q) : int64_t(a.batch) * a.seqlen_q;
   w.lse_elems = int64_t(num_splits) * a.heads_q * w.rows;
   w.o_elems = w.lse_elems * a.head_dim_v;
   w.bytes = size_t(w.o_elems + w.lse_elems) * sizeof(float);

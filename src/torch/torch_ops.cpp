@@ -10,8 +10,10 @@
 // every value it is given; this file checks what only the tensors know (rank, dtype, device, the
 // head-dim stride) and turns a failed fa3 call into a RuntimeError carrying fa3's message. Fake (meta) kernels and
 // autograd live in python/fa3/_ops.py.
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -228,19 +230,32 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Op
 
   a.softmax_scale = static_cast<float>(softmax_scale);
   a.causal = causal ? 1 : 0;
-  a.window_left = static_cast<int32_t>(window_left);
-  a.window_right = static_cast<int32_t>(window_right);
+  // Python ints past int32 clamped, not wrapped (fa3 reads a window past every key as none).
+  auto int32_clamped = [](int64_t x) {
+    return static_cast<int32_t>(std::clamp<int64_t>(x, std::numeric_limits<int32_t>::min(),
+                                                    std::numeric_limits<int32_t>::max()));
+  };
+  a.window_left = int32_clamped(window_left);
+  a.window_right = int32_clamped(window_right);
   a.softcap = static_cast<float>(softcap);
   return p;
 }
 
-// fa3 reads the head dim as contiguous; other strides are free. A tensor whose head dim is not
-// (a transposed view, a broadcast) is copied once here, on the current stream, rather than refused:
-// FlashAttention's functions accept such inputs too. It lives until the call has been enqueued.
-Tensor with_unit_head_stride(const Tensor& t) {
+// fa3 reads rows through strides in 16-byte units (TMA): a unit head-dim stride, the other strides
+// multiples of 16 bytes, a 16-byte aligned start. A tensor that is not so (a transposed view, a
+// broadcast, a slice at an odd offset) is copied once here, on the current stream, rather than
+// refused: FlashAttention's functions accept such inputs too. The copy lives until the call has been
+// enqueued.
+Tensor tma_readable(const Tensor& t) {
   const int64_t last = t.dim() - 1;
-  if (last < 0 || t.size(last) <= 1 || t.stride(last) == 1) return t;
-  return torch::stable::contiguous(t);
+  if (last < 0) return t;
+  const int64_t multiple = 16 / static_cast<int64_t>(t.element_size());
+  bool ok = t.size(last) <= 1 || t.stride(last) == 1;
+  for (int64_t i = 0; ok && i < last; ++i) ok = t.stride(i) % multiple == 0;
+  if (ok && reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0) return t;
+  Tensor c = torch::stable::contiguous(t);
+  // A contiguous tensor at an unaligned address comes back as itself: copy it.
+  return reinterpret_cast<uintptr_t>(c.const_data_ptr()) % 16 == 0 ? c : torch::stable::clone(c);
 }
 
 // A forward's outputs (O with q's leading shape and head_dim_v, contiguous; LSE [b, h, s] or
@@ -275,9 +290,9 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                                OptTensor q_block_descale, OptTensor k_block_descale,
                                OptTensor v_block_descale, int64_t q_block_size, int64_t kv_block_size,
                                OptTensor sinks) {
-  q = with_unit_head_stride(q);
-  k = with_unit_head_stride(k);
-  v = with_unit_head_stride(v);
+  q = tma_readable(q);
+  k = tma_readable(k);
+  v = tma_readable(v);
   Problem p = make_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                            max_seqlen_k, page_table, softmax_scale, causal, window_left,
                            window_right, softcap);
@@ -346,7 +361,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
                                        double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
                                        double softcap, int64_t num_splits, OptTensor sinks, OptTensor cu_seqlens_q,
                                        int64_t max_seqlen_q, OptTensor cu_seqlens_k_new) {
-  q = with_unit_head_stride(q);
+  q = tma_readable(q);
   Problem p = make_problem(q, k_cache, v_cache, cu_seqlens_q, std::nullopt, std::nullopt, std::nullopt, max_seqlen_q,
                            max_seqlen_k, page_table, softmax_scale, causal, window_left, window_right, softcap);
   fa3::FwdArgs& a = p.args;
@@ -517,7 +532,7 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, int64_t block_size, bool hadam
                   "quantize_fp8: x: expected float16 or bfloat16, got ", dtype_str(x.scalar_type()));
   FA3_TORCH_CHECK(block_size >= 1, "quantize_fp8: block_size: expected >= 1, got ", block_size);
   const int32_t device = x.get_device_index();
-  x = with_unit_head_stride(x);
+  x = tma_readable(x);
   const fa3_tensor in = view_of(x, "x", /*packed=*/false, device);
   const auto guard = device_guard(device);
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
