@@ -7,8 +7,10 @@ off/on.  Each implementation
 runs its own forward once per input set (fa3: fa3_forward with LSE; SDPA: autograd with the backend
 pinned), then its backward is timed alone: fa3_backward, or torch.autograd.grad through SDPA.
 fa3's deterministic mode is a row of its own ("fa3 det").  TFLOP/s = 2.5 x the forward's FLOPs.
-Every row checks fa3's dQ/dK/dV against cuDNN's; a slice of batch 0 (2 heads) against float64
-autograd where the sequence is <= 4k.  Exit status 1 when fa3 is off by more than 1e-2 there.
+Every row checks fa3's dQ/dK/dV against cuDNN's (within 2e-2), the deterministic mode's against the
+default's (within 2e-2) and against itself (two runs on the same inputs, bitwise), and a slice of
+batch 0 (2 heads) against float64 autograd where the sequence is <= 4k (within 1e-2).  Exit status 1
+when a check fails.  --timer: compare.py's timers (CUDA events by default, as the perf-log's history).
 
 After the sweep, varlen rows (--varlen 0 skips them): the forward benchmark's 16 packed sequences of
 random lengths 256-4096 (compare.py's seed, cu_seqlens_q = cu_seqlens_k), fa3's varlen backward
@@ -47,6 +49,10 @@ def parse_args(argv=None):
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--warmup-ms", type=float, default=50.0)
     ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument("--timer", choices=("events", "do_bench"), default="events",
+                    help="events: CUDA events around back-to-back calls behind a GPU head start (the backward's "
+                         "history in docs/perf-log.md); do_bench: triton's, L2 flushed before each call (compare.py's "
+                         "default; compare.py --bwd passes its own)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--png", default=None, metavar="PATH", help="write TFLOP/s vs seqlen panels (the sweep) here")
     ap.add_argument("--lib", default=None)
@@ -55,6 +61,11 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
     return args
+
+
+def timer_of(args):
+    """compare.py's timers: back-to-back CUDA events, or triton's do_bench (args.timer)."""
+    return compare.time_do_bench if args.timer == "do_bench" else compare.time_calls
 
 
 def fa3_bwd_calls(torch, lib, sets, causal, scale, deterministic, **varlen):
@@ -141,12 +152,22 @@ def run_shape(torch, lib, args, shape, l2):
             else:
                 calls, g = sdpa_bwd_calls(torch, impl, sets, shape["causal"], scale)
             torch.cuda.synchronize()
-            res["ms"], res["reps"] = compare.time_calls(torch, calls, args.warmup_ms, args.rep)
+            res["ms"], res["reps"] = timer_of(args)(torch, calls, args.warmup_ms, args.rep)
             res["tflops"] = row["flops"] / (res["ms"] * 1e-3) / 1e12
+            if impl == "fa3_det":  # the same set twice: bitwise the same gradients
+                calls[0]()
+                torch.cuda.synchronize()
+                first = [t.clone() for t in g]
+                calls[0]()
+                torch.cuda.synchronize()
+                row["det_bitwise"] = all(torch.equal(a, b) for a, b in zip(first, g))
             grads[impl] = g
         except compare.ERRORS as e:
             res["error"] = compare.error_text(e)
         row["impls"][impl] = res
+    if "fa3" in grads and "fa3_det" in grads:  # the deterministic mode is as right as the default
+        row["rel_err_det_vs_fa3"] = {n: compare.rel_err(torch, a, b)
+                                     for n, a, b in zip(("dq", "dk", "dv"), grads["fa3_det"], grads["fa3"])}
     if "fa3" in grads and "cudnn" in grads:
         row["rel_err_vs_cudnn"] = {n: compare.rel_err(torch, a, b)
                                    for n, a, b in zip(("dq", "dk", "dv"), grads["fa3"], grads["cudnn"])}
@@ -203,7 +224,7 @@ def run_varlen(torch, lib, args, l2, d, causal):
                 calls, g, kname = fa3_bwd_calls(torch, lib, sets, causal, scale, impl == "fa3_det", **vl)
                 row["fa3_kernel"] = row["fa3_kernel"] or kname
             torch.cuda.synchronize()
-            res["ms"], res["reps"] = compare.time_calls(torch, calls, args.warmup_ms, args.rep)
+            res["ms"], res["reps"] = timer_of(args)(torch, calls, args.warmup_ms, args.rep)
             res["tflops"] = flops_ / (res["ms"] * 1e-3) / 1e12
             grads[impl] = g
             del calls
@@ -279,6 +300,15 @@ def run_sweep(torch, lib, args, l2):
                 bad = {k: v for k, v in row["rel_err_f64"].items() if not v <= compare.MAX_REL_ERR}
                 if bad:
                     problems.append(f"backward d{d} causal={causal} s{s}: fa3 vs float64 {bad}")
+                # Where float64 is too slow (long sequences) cuDNN stands in; the deterministic mode is
+                # held to the default's gradients and to itself.
+                bad = {k: v for k, v in {**row["rel_err_vs_cudnn"], **row.get("rel_err_det_vs_fa3", {})}.items()
+                       if not v <= compare.PEER_MAX_REL_ERR}
+                if bad:
+                    problems.append(f"backward d{d} causal={causal} s{s}: fa3 vs cuDNN / det vs default {bad}")
+                if row.get("det_bitwise") is False:
+                    problems.append(f"backward d{d} causal={causal} s{s}: the deterministic mode's gradients "
+                                    "differ between two runs")
     for other in ("cudnn", "flash"):
         rs = [row["impls"]["fa3"]["tflops"] / row["impls"][other]["tflops"] for row in rows
               if row["impls"]["fa3"]["tflops"] and row["impls"][other]["tflops"]]
@@ -299,8 +329,8 @@ def main(argv=None):
     l2 = compare.l2_bytes(env)
     torch.set_grad_enabled(False)
     print(compare.env_line(env).replace("forward", "backward"))
-    print(f"# {args.dtype}, tokens {args.tokens}, hidden {args.hidden}; TFLOP/s = 2.5 x forward FLOPs / t; "
-          f"err = max over dQ/dK/dV of ||fa3-x||/||x||")
+    print(f"# {args.dtype}, tokens {args.tokens}, hidden {args.hidden}, timer {args.timer}; TFLOP/s = 2.5 x forward "
+          f"FLOPs / t (causal: the visible pairs); err = max over dQ/dK/dV of ||fa3-x||/||x||")
     print_header()
     rows, problems = run_sweep(torch, lib, args, l2) if args.varlen != "only" else ([], [])
     varlen_rows = []

@@ -2,8 +2,10 @@
 
 
 def time_ms(torch, fn, rep, warmup=5):
-    """Median over `rep` calls of fn's GPU time in ms (CUDA events around each call, after `warmup`
-    calls); torch is passed in so that importing this module needs no torch."""
+    """Median over `rep` calls of fn's time in ms: CUDA events around each call, each call started on
+    an idle GPU (the previous one synchronised), so the time includes the host's launch time of the
+    call's kernels (what an eager step sees; compare.time_calls measures GPU time alone). torch is
+    passed in so that importing this module needs no torch."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -263,7 +263,9 @@ std::vector<Result> run_shape(const Options& o, int d, int causal, int s, int b,
       if (!(results[vi].vs_first < 5e-2)) results[vi].error = "O differs from the first variant's";
     }
   }
-  const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1) * (o.bwd ? 2.5 : 1.0);
+  // Causal: the s(s+1)/2 visible pairs (bottom-right, s_q = s_k).
+  const double pairs = causal ? double(s) * (s + 1) / 2 : double(s) * s;
+  const double flops = 4.0 * b * h * pairs * d * (o.bwd ? 2.5 : 1.0);
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     auto& t = times[vi];
     if (t.empty() || !results[vi].error.empty()) continue;

@@ -160,8 +160,9 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
       break;
   }
 
-  // A paged cache (the keys per sequence as seqused_k) where the keys are not packed.
-  if (c.varlen_k.empty() && c.seqused_k.empty() && g.chance(0.2)) {
+  // A paged cache (the keys per sequence as seqused_k) where the keys are not packed; with packed
+  // queries too (a serving engine's chunked prefill: cu_seqlens_q, page table, seqused_k).
+  if (c.varlen_k.empty() && (c.seqused_k.empty() || rows == Rows::kPackedQDenseK) && g.chance(0.2)) {
     c.page_size = g.pick<int>({{16, 2}, {32, 1}, {48, 0.5}, {64, 1}, {128, 1}, {256, 1}});
     if (g.chance(0.7)) c.seqused_k = used(std::vector<int>(c.batch, c.seqlen_k));
   }
@@ -383,6 +384,10 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     ++covered[rows_name(rows)];
     if (c.softcap > 0) ++covered["softcap"];
     if (c.page_size > 0) ++covered["paged"];
+    if (c.page_size > 0 && !c.varlen_q.empty()) ++covered["paged, packed queries"];
+    if (c.dtype == FA3_DTYPE_E4M3) ++covered["e4m3"];
+    if (c.dtype == FA3_DTYPE_E4M3 && (c.q_block > 0 || c.kv_block > 0)) ++covered["e4m3 block descales"];
+    if (c.sinks) ++covered["sinks"];
     if (c.workspace) ++covered["workspace (decode path)"];
     if (c.head_dim_v != c.head_dim) ++covered["d_qk != d_v"];
     if (c.causal) ++covered["causal"];
@@ -414,6 +419,12 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
               run, secs, timers.setup, timers.kernels, timers.checks, failures, seed);
   for (const auto& [what, n] : covered) std::printf(" %s %d,", what.c_str(), n);
   std::printf("\n");
+  // A full run draws every feature (each has a chance of >= ~1 in 60): a generator change that
+  // stops drawing one fails here instead of passing without it.
+  if (!single && run >= 1000 && failures == 0)
+    for (const char* what : {"softcap", "paged", "paged, packed queries", "workspace (decode path)", "d_qk != d_v",
+                             "causal", "window", "guard rows", "gqa/mqa", "e4m3", "e4m3 block descales", "sinks"})
+      EXPECT_GT(covered[what], 0) << "no random case drew " << what;
 }
 
 }  // namespace

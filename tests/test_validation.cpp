@@ -781,6 +781,8 @@ TEST_F(QuantizeValidation, BadArguments) {
   expect([](auto& b) { b.seqlen = -1; }, "seqlen");
   expect([](auto& b) { b.heads = 0; }, "heads");
   expect([](auto& b) { b.batch = 70000, b.seqlen = 1 << 24; }, "seqlen x heads x batch is too large");
+  expect([](auto& b) { b.batch = 1, b.seqlen = (1 << 30) + 1, b.block_size = 1 << 30; },
+         "seqlen + max(block_size, 128)");
   expect([](auto& b) { b.cu_seqlens = fake<const int32_t>(0xb00000); }, "total");
   expect([](auto& b) { b.struct_size = 3; }, "struct_size");
 }

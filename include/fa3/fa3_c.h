@@ -4,6 +4,7 @@
  * later versions can add fields with safe defaults), validates it, and returns a status code.
  * On failure, fa3_last_error() returns a message for the calling thread that names the argument
  * and what was expected.  Nothing here allocates device memory or synchronises the stream.
+ * Pointers are device (or managed) memory of the calling thread's current device, where fa3 runs.
  *
  * Layout conventions (as FlashAttention):
  *   Q   [batch, seqlen_q, heads_q,  head_dim_qk]   ("BSHD"; last dim contiguous)
@@ -104,8 +105,10 @@ typedef struct fa3_fwd_params {
 
   float softmax_scale; /* 0 selects the default 1/sqrt(head_dim_qk) */
   int32_t causal;      /* bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q */
-  int32_t window_left; /* sliding window: keys j >= i + seqlen_k - seqlen_q - window_left; -1 = unbounded */
-  int32_t window_right; /* keys j <= i + seqlen_k - seqlen_q + window_right; -1 = unbounded (causal: 0) */
+  int32_t window_left; /* sliding window: keys j >= i + seqlen_k - seqlen_q - window_left; -1 = unbounded
+                          (as is any window_left >= seqlen_k) */
+  int32_t window_right; /* keys j <= i + seqlen_k - seqlen_q + window_right; -1 = unbounded (as is any
+                           window_right >= seqlen_q; causal: 0) */
   float softcap;        /* 0 = off, else scores s -> softcap * tanh(s / softcap) */
 
   /* Variable-length batches (NULL = fixed length). int32 device arrays of batch+1 / batch entries. */
@@ -208,6 +211,8 @@ typedef struct fa3_fwd_params {
 typedef struct fa3_bwd_params {
   uint32_t struct_size;
   fa3_fwd_params fwd; /* the forward's arguments: q, k, v, out (= O), lse (required), masks, ... */
+                      /* (not the KV-cache append's cache_seqlens, k_new / v_new, rotary_cos / sin:
+                       * pass the keys each sequence used as seqused_k) */
   fa3_tensor dout;    /* dO, layout of O */
   fa3_tensor dq, dk, dv;
   int32_t deterministic; /* 1: bitwise reproducible dQ/dK/dV (the key blocks add dQ in a fixed order) */

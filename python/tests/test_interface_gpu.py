@@ -83,6 +83,7 @@ def test_func_forward_and_backward_match_float64(case, dtype):
     assert rel_err(out, ref) <= 1e-2
     finite = torch.isfinite(ref_lse)
     assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+    assert torch.isneginf(lse[~finite]).all()  # rows that see no key: LSE -inf (and O 0)
     dout = torch.randn_like(out)
     out.backward(dout)
     ref.backward(dout.double())

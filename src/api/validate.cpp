@@ -475,6 +475,10 @@ Status validate_quantize(const fa3_quantize_params* p) {
   FA3_TRY(check_positive("batch", p->batch));
   FA3_TRY(check_positive("heads", p->heads));
   if (p->seqlen < 0) return invalid("seqlen must be >= 0; got " + to_string(p->seqlen));
+  // The kernel walks a sequence's positions in 32 bits, a block (or 128 rows) past the last included.
+  if (int64_t(p->seqlen) + std::max(p->block_size, 128) > kMaxPositions)
+    return invalid("seqlen + max(block_size, 128) must be <= " + to_string(kMaxPositions) + "; got seqlen " +
+                   to_string(p->seqlen) + ", block_size " + to_string(p->block_size));
   if (p->head_dim < 8 || p->head_dim > 256 || p->head_dim % 8 != 0)
     return invalid("head_dim must be a multiple of 8 in [8, 256]; got " + to_string(p->head_dim));
   if (p->hadamard != 0 && p->hadamard != 1) return invalid("hadamard must be 0 or 1; got " + to_string(p->hadamard));

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "src/attention/combine.h"
@@ -135,7 +136,11 @@ Status launch_combine_as(const CombineParams& p, cudaStream_t stream) {
   if (p.batch == 0) return Status();
   const long long row_blocks = (static_cast<long long>(p.seqlen) * p.heads + kWarps - 1) / kWarps;
   if (row_blocks == 0) return Status();
-  if (row_blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "combine: seqlen * heads too large");
+  // A warp's (row, head) index is 32-bit (fa3_combine's validation bounds seqlen * heads the same
+  // way; the split-KV path comes here directly).
+  if (static_cast<long long>(p.seqlen) * p.heads > (1LL << 31) - (1LL << 16))
+    return Status(FA3_ERROR_INVALID_ARGUMENT, "combine: seqlen * heads must be <= 2^31 - 2^16; got " +
+                                                  std::to_string(p.seqlen) + " * " + std::to_string(p.heads));
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
   return hopper::launch<combine_kernel<Elem>>(grid, kWarps * 32, 0, stream, p);
 }

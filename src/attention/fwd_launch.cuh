@@ -95,8 +95,8 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     tiles = int64_t(p.num_m_blocks) * (a.heads_q / pack) * f.num_splits * a.batch;
   }
   // The persistent scheduler numbers tiles (and batch x heads) in 32 bits, a grid's stride past the
-  // last included.
-  if (tiles > kMaxTiles)
+  // last included; the varlen walk counts up to two slots a tile (tile_scheduler.cuh).
+  if (tiles * (Feat::kVarlen ? 2 : 1) > kMaxTiles)
     return Status(FA3_ERROR_INVALID_ARGUMENT,
                   "batch * heads_q * query blocks" + std::string(Feat::kSplit ? " * num_splits" : "") + " = " +
                       std::to_string(tiles) + " tiles exceed " + std::to_string(kMaxTiles) +
