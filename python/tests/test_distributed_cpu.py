@@ -282,11 +282,17 @@ def test_public_functions_check_their_arguments():
     # The layers' specs run fa3's operators unless a stand-in is passed.
     assert RingSpec(exchange=None, rows=None, layout="zigzag", causal=False, scale=1.0).blocks is Fa3Blocks
     assert UlyssesSpec(exchange=None, causal=False, scale=1.0).blocks is Fa3Blocks
-    q = torch.zeros(1, 8, 2, 8)
+    bf16 = dict(dtype=torch.bfloat16)
+    q = torch.zeros(1, 8, 2, 8, **bf16)
     with pytest.raises(ValueError, match="same length"):
-        cp.ring_attn_func(q, torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8))
+        cp.ring_attn_func(q, torch.zeros(1, 4, 2, 8, **bf16), torch.zeros(1, 4, 2, 8, **bf16))
     with pytest.raises(ValueError, match="must be even"):
-        cp.ring_attn_func(torch.zeros(1, 7, 2, 8), torch.zeros(1, 7, 2, 8), torch.zeros(1, 7, 2, 8))
+        cp.ring_attn_func(*(torch.zeros(1, 7, 2, 8, **bf16) for _ in range(3)))
+    for dtype in (torch.float32, torch.float8_e4m3fn):  # fp16 / bf16 only (an e4m3 ring would re-quantise O)
+        with pytest.raises(ValueError, match="float16 or bfloat16"):
+            cp.ring_attn_func(*(torch.zeros(1, 8, 2, 16, dtype=dtype) for _ in range(3)))
+        with pytest.raises(ValueError, match="float16 or bfloat16"):
+            cp.ulysses_attn_func(*(torch.zeros(1, 8, 2, 16, dtype=dtype) for _ in range(3)))
     with pytest.raises(ValueError, match="layout"):
         cp.ring_attn_func(q, q, q, layout="striped")
     with pytest.raises(ValueError, match="int32"):
@@ -297,6 +303,61 @@ def test_public_functions_check_their_arguments():
         cp.hybrid_attn_func(q, q, q, None, None, layout="striped")
     with pytest.raises(ValueError, match="softmax_scale"):
         cp.ring_attn_func(q, q, q, softmax_scale=-1.0)
+
+
+def test_fa3_blocks_backward_reads_like_flash_attn_func(monkeypatch):
+    # The ring's block backward treats its tensors as fa3's own autograd does: copies what TMA cannot
+    # read in place (a head dim that is not contiguous), and honours torch's global determinism flag.
+    from types import SimpleNamespace
+
+    from fa3 import _ops
+    from fa3.distributed.blocks import Fa3Blocks
+    seen = {}
+
+    def fake_bwd(dout, q, k, v, out, lse, **kw):
+        seen.update(kw, q=q)
+        return q, k, v, None
+
+    monkeypatch.setattr(_ops, "bwd", fake_bwd)
+    x = torch.zeros(1, 4, 2, 16, dtype=torch.bfloat16)
+    q = torch.zeros(1, 4, 16, 2, dtype=torch.bfloat16).transpose(2, 3)  # head-dim stride 2
+    rows = SimpleNamespace(packed=False)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        Fa3Blocks.backward(x, q, x, x, x, None, rows, rows, causal=True, scale=0.25, softcap=0.0,
+                           deterministic=False)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert seen["deterministic"] is True and seen["q"].stride(-1) == 1
+
+
+def _non_member_main(rank, world, port, queue_):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        group = dist.new_group([0, 1])  # (every rank takes part in creating it)
+        message = ""
+        if rank == 2:
+            try:
+                RingExchange(group)
+            except ValueError as e:
+                message = str(e)
+            try:
+                HeadExchange(group)
+            except ValueError as e:
+                message += " | " + str(e)
+    finally:
+        dist.destroy_process_group()
+    buf = io.BytesIO()
+    torch.save(message, buf)
+    queue_.put((rank, buf.getvalue()))
+
+
+def test_a_process_outside_the_group_is_told_so():
+    messages = _spawn_ranks(3, _non_member_main)
+    assert messages[0] == messages[1] == ""
+    assert messages[2].count("not a member of the group") == 2, messages[2]
 
 
 # ---- the grid of rings x head groups (hybrid.py) --------------------------------------------------

@@ -2,7 +2,7 @@
 operators) against single-GPU fa3 and float64, BSHD and packed, causal and not, both layouts; the
 head-parallel layer over 2 and 4 threads against single-GPU fa3; the public functions over a one-rank
 NCCL group with autograd; PyTorch's own context_parallel running
-through fa3's SDPA route. (Two GPUs: bench/ring_bench.py --world 2 under torchrun.)"""
+through fa3's SDPA route. (Two GPUs: bench/ring_bench.py --distributed under torchrun.)"""
 
 import os
 import socket

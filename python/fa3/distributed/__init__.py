@@ -48,6 +48,9 @@ def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
 def _check_shards(q, k, v, seq_dim: int, layout: str) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"fa3.distributed: layout: expected one of {LAYOUTS}, got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"fa3.distributed: {name}: expected float16 or bfloat16, got {t.dtype}")
     if not (q.shape[seq_dim] == k.shape[seq_dim] == v.shape[seq_dim]):
         raise ValueError("fa3.distributed: q, k and v must be shards of one sequence (the same length along "
                          f"dim {seq_dim}), got {q.shape[seq_dim]}, {k.shape[seq_dim]}, {v.shape[seq_dim]}")
@@ -73,7 +76,7 @@ def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     from :func:`shard` with the same ``layout``) over the whole sequence held by ``group``.
 
     Returns this rank's output shard [batch, seqlen_local, heads, head_dim_v] (and its LSE, float32
-    [batch, heads, seqlen_local], natural log, with ``return_lse``). Differentiable in q, k, v; the
+    [batch, heads, seqlen_local], natural log, with ``return_lse``; not differentiable, as flash_attn_func's). Differentiable in q, k, v; the
     backward is a ring of its own. GQA/MQA, softcap and fa3's head dims and dtypes (fp16/bf16) as
     in :func:`fa3.flash_attn_func`; sliding windows are not offered (a window spans shards).
     """

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .. import _ops
 from .rows import Rows
 
@@ -34,6 +36,10 @@ class Fa3Blocks:
     @staticmethod
     def backward(dout, q, k, v, out, lse, q_rows: Rows, kv_rows: Rows, *, causal: bool, scale: float,
                  softcap: float, deterministic: bool):
+        # As fa3's own autograd: tensors its backward cannot read in place copied (the forward's
+        # operator copies them itself), and torch's global determinism flag honoured.
+        dout, q, k, v = (_ops.tma_layout(t) for t in (dout, q, k, v))
+        deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
         dq, dk, dv, _ = _ops.bwd(dout, q, k, v, out, lse, softmax_scale=scale, causal=causal,
                                  softcap=softcap, deterministic=deterministic, **_seq_args(q_rows, kv_rows))
         return dq, dk, dv

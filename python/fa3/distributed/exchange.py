@@ -34,6 +34,13 @@ class _Done:
         return self._tensors
 
 
+def require_member(group_rank: int, global_rank: int) -> None:
+    """torch.distributed gives -1 as the group rank of a process outside the group."""
+    if group_rank < 0:
+        raise ValueError(f"fa3.distributed: group: this process (global rank {global_rank}) is not a member of "
+                         "the group; call the layer on the group's ranks only")
+
+
 class RingExchange:
     """Sends to the next rank of ``group`` and receives from the previous one."""
 
@@ -41,6 +48,7 @@ class RingExchange:
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
+        require_member(self.rank, dist.get_rank())
         self._next = dist.get_global_rank(self.group, (self.rank + 1) % self.world)
         self._prev = dist.get_global_rank(self.group, (self.rank - 1) % self.world)
 

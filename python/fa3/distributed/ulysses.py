@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .blocks import BlockOptions
+from .exchange import require_member
 from .rows import Rows
 
 __all__ = ["HeadExchange", "Packing", "UlyssesSpec", "ulysses_forward", "ulysses_backward", "LayerFunction",
@@ -32,6 +33,7 @@ class HeadExchange:
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
+        require_member(self.rank, dist.get_rank())
 
     def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
