@@ -11,6 +11,7 @@
 #include "fa3/fa3_c.h"
 #include "src/api/problem.h"
 #include "src/api/validate.h"
+#include "src/attention/append_kv.h"
 #include "src/attention/split_workspace.h"
 
 namespace {
@@ -631,6 +632,23 @@ TEST_F(AppendValidation, ValidArgsPass) {
   EXPECT_TRUE(Passes(fa3::validate(a)));
 }
 
+// What the attention reads after the append (attention_params): the keys per sequence are the
+// append's counts with new keys, cache_seqlens without them, and the caller's seqused_k with a
+// rotation alone (no cache_seqlens).
+TEST_F(AppendValidation, AttentionSeesTheKeysEachSequenceHas) {
+  const fa3::attn::AppendWorkspace w = fa3::attn::append_workspace(a);
+  fa3::FwdArgs b = a;
+  b.workspace = fake(0x700000);
+  b.workspace_bytes = w.bytes;
+  EXPECT_EQ(fa3::attn::attention_params(b, w).seqused_k, fake<const int32_t>(0x700000 + w.seqused));
+  b.k_new = b.v_new = fa3_tensor{};
+  EXPECT_EQ(fa3::attn::attention_params(b, fa3::attn::append_workspace(b)).seqused_k, a.cache_seqlens);
+  b.cache_seqlens = nullptr;
+  b.seqused_k = fake<const int32_t>(0x650000);
+  ASSERT_TRUE(Passes(fa3::validate(b)));
+  EXPECT_EQ(fa3::attn::attention_params(b, fa3::attn::append_workspace(b)).seqused_k, b.seqused_k);
+}
+
 TEST_F(AppendValidation, BadFieldsAreNamed) {
   auto invalid_with = [&](auto edit, const char* field) {
     fa3::FwdArgs b = a;
@@ -1064,18 +1082,18 @@ TEST_F(FwdValidation, WindowsPastEveryKeyAreUnbounded) {
   EXPECT_EQ(f.window_left, -1);
   EXPECT_EQ(f.window_right, -1);
   EXPECT_FALSE(f.has_mask());
-  // The edges: window_right >= seqlen_q reaches the last key from row 0, window_left >= seqlen_k
-  // the first key from the last row.
-  a.window_left = kSeqK;
-  a.window_right = kSeqQ;
-  f = fa3::detail::make_problem(a);
-  EXPECT_EQ(f.window_left, -1);
-  EXPECT_EQ(f.window_right, -1);
+  // The edges: window_right >= seqlen_q - 1 reaches the last key from row 0, window_left >=
+  // seqlen_k - 1 the first key from the last row.
   a.window_left = kSeqK - 1;
   a.window_right = kSeqQ - 1;
   f = fa3::detail::make_problem(a);
-  EXPECT_EQ(f.window_left, kSeqK - 1);
-  EXPECT_EQ(f.window_right, kSeqQ - 1);
+  EXPECT_EQ(f.window_left, -1);
+  EXPECT_EQ(f.window_right, -1);
+  a.window_left = kSeqK - 2;
+  a.window_right = kSeqQ - 2;
+  f = fa3::detail::make_problem(a);
+  EXPECT_EQ(f.window_left, kSeqK - 2);
+  EXPECT_EQ(f.window_right, kSeqQ - 2);
   EXPECT_TRUE(f.has_mask());
   a.causal = 1;  // causal stays a window_right of 0 whatever window_left is
   a.window_right = -1;

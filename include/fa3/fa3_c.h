@@ -141,7 +141,8 @@ typedef struct fa3_fwd_params {
   /* Split-KV for decodes (a kv head's queries x its query heads <= 128 rows, or num_splits > 1):
    * 0 = choose automatically, 1 = no split, up to 128 (capped at the key blocks). Splits keep
    * partial results in the workspace: with num_splits > 1 it must hold fa3_fwd_workspace_size()
-   * bytes; automatic splits take what a smaller workspace (or none) holds. */
+   * bytes; automatic splits take what a smaller workspace (or none) holds. With softcap the decode
+   * kernel is not used: num_splits then has no effect (the prefill kernels run). */
   int32_t num_splits;
   void* workspace;    /* device scratch of fa3_fwd_workspace_size() bytes (may be NULL when that is 0) */
   size_t workspace_bytes;

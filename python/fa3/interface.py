@@ -281,8 +281,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q) in e4m3")
         s_new = k.shape[1]
         pos = positions_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]  # [b, s_new]
-        if rotary_cos is not None:
-            k = _rotary(k, rotary_cos[pos], rotary_sin[pos], rotary_interleaved)
+        if rotary_cos is not None:  # (positions past the table read its last row, as the kernel)
+            row = pos.clamp(0, rotary_cos.shape[0] - 1)
+            k = _rotary(k, rotary_cos[row], rotary_sin[row], rotary_interleaved)
         if page_table is not None:
             page_size = k_cache.shape[1]
             pages = torch.gather(page_table.long(), 1, pos // page_size)
@@ -298,12 +299,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         if varlen_q:
             raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3")
         # As FlashAttention-3: causal / local queries sit at cache_seqlens + i, the others all at
-        # cache_seqlens.
+        # cache_seqlens; a window that reaches every key is none (the kernels' rule too).
         s_q = q.shape[1]
-        local = causal or tuple(window_size) != (-1, -1)
+        local = causal or 0 <= wl < seqlen_k - 1 or 0 <= wr < s_q - 1
         offs = torch.arange(s_q, device=dev)[None, :] if local else torch.zeros(1, s_q, dtype=torch.long, device=dev)
         pos_q = positions_base.long()[:, None] + offs
-        q = _rotary(q, rotary_cos[pos_q], rotary_sin[pos_q], rotary_interleaved)
+        row_q = pos_q.clamp(0, rotary_cos.shape[0] - 1)
+        q = _rotary(q, rotary_cos[row_q], rotary_sin[row_q], rotary_interleaved)
 
     with torch.no_grad():
         out, lse = _ops.fwd(

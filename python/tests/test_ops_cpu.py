@@ -299,3 +299,29 @@ def test_kvcache_batch_index_becomes_a_page_table(monkeypatch):
                                 cache_batch_idx=torch.tensor([4, 1], dtype=torch.int32))
     assert seen["page_table"].tolist() == [[4], [1]]
     assert seen["seqused_k"].tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("causal,window,local", [(False, (-1, -1), False), (True, (-1, -1), True),
+                                                  (False, (2, 2), True), (False, (11, 11), False),
+                                                  (False, (2**40, -1), False), (False, None, False)])
+def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local):
+    # The PyTorch-operations path (CPU here, e4m3 on a GPU): causal or local queries are rotated at
+    # cache_seqlens + i, the others all at cache_seqlens; a window reaching every key (>= 12 - 1 of
+    # 12 keys, 4 queries) is none (FlashAttention-3's rule, and the fused kernel's).
+    seen = {}
+
+    def stand_in(q, k, v, **kw):
+        seen["q"] = q
+        return torch.zeros(*q.shape), torch.zeros(1)
+
+    monkeypatch.setattr(_ops, "fwd", stand_in)
+    b, s_q, h, d, cache_len = 1, 4, 2, 16, 12
+    q = torch.randn(b, s_q, h, d)
+    cache = torch.randn(b, cache_len, h, d)
+    angle = torch.rand(cache_len, d // 2)
+    cos, sin = angle.cos(), angle.sin()
+    fa3.flash_attn_with_kvcache(q, cache, cache, rotary_cos=cos, rotary_sin=sin, cache_seqlens=3,
+                                causal=causal, window_size=window)
+    pos = 3 + torch.arange(s_q) if local else torch.full((s_q,), 3)
+    want = interface._rotary(q, cos[pos][None], sin[pos][None], True)
+    assert torch.equal(seen["q"], want)

@@ -23,13 +23,13 @@ inline FwdProblem make_problem(const fa3_fwd_params& p) {
   FwdProblem f;
   f.p = &p;
   f.scale = p.softmax_scale != 0.f ? p.softmax_scale : 1.f / std::sqrt(static_cast<float>(p.head_dim_qk));
-  // A window that reaches past every key of every row is no window: query i sees keys up to
-  // i + seqlen_k - seqlen_q + window_right, so window_right >= seqlen_q reaches the last key, and
-  // window_left >= seqlen_k the first (per sequence too: varlen lengths are at most these). As -1
-  // such windows run the unmasked kernels, and the kernels' 32-bit edge arithmetic never sees a
-  // value like INT32_MAX (a common "unbounded").
-  f.window_left = p.window_left >= p.seqlen_k ? -1 : p.window_left;
-  f.window_right = p.causal ? 0 : p.window_right >= p.seqlen_q ? -1 : p.window_right;
+  // A window that reaches every key of every row is no window (FlashAttention-3's rule too): query
+  // i sees keys up to i + seqlen_k - seqlen_q + window_right, so from row 0 window_right >=
+  // seqlen_q - 1 reaches the last key, and from the last row window_left >= seqlen_k - 1 the first
+  // (per sequence too: varlen lengths are at most these). As -1 such windows run the unmasked
+  // kernels, and the kernels' 32-bit edge arithmetic never sees a value like INT32_MAX.
+  f.window_left = p.window_left >= p.seqlen_k - 1 ? -1 : p.window_left;
+  f.window_right = p.causal ? 0 : p.window_right >= p.seqlen_q - 1 ? -1 : p.window_right;
   f.varlen_q = p.cu_seqlens_q != nullptr || p.seqused_q != nullptr;
   f.varlen_k = p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
   f.paged = p.page_table != nullptr;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "src/api/problem.h"
 #include "src/attention/append_kv.h"
 #include "src/hopper/elem.cuh"
 #include "src/hopper/launch.h"
@@ -81,20 +82,20 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
   if (blockIdx.x == 0 && seqused != nullptr)
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {  // past seqlen_k nothing is written (the caller's contract)
       const int added = packed_new ? a.cu_seqlens_new[b + 1] - a.cu_seqlens_new[b] : a.seqlen_new;
-      seqused[b] = min(a.cache_seqlens[b] + added, a.seqlen_k);
+      seqused[b] = max(0, min(a.cache_seqlens[b] + added, a.seqlen_k));
     }
   const int64_t new_rows = packed_new ? a.total_new : int64_t(a.batch) * a.seqlen_new;
   const int64_t kv_units = a.k_new.data != nullptr ? new_rows * a.heads_kv : 0;
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  // Positions past the table (a broken contract) read its last row rather than past it.
-  auto table_row = [&](int pos) { return min(pos, a.rotary_rows - 1); };
+  // Positions outside the table (a broken contract) read its first or last row rather than past it.
+  auto table_row = [&](int pos) { return max(0, min(pos, a.rotary_rows - 1)); };
   if (unit < kv_units) {
     const int h = int(unit % a.heads_kv);
     const int64_t r = unit / a.heads_kv;
     const RowOf row = row_of(r, a.cu_seqlens_new, a.batch, a.seqlen_new);
     const int b = row.b, i = row.i;
     const int pos = (a.cache_seqlens ? a.cache_seqlens[b] : 0) + i;
-    if (pos >= a.seqlen_k) return;
+    if (pos < 0 || pos >= a.seqlen_k) return;  // (outside the cache: a broken contract writes nothing)
     const int64_t src = row_offset(a.k_new, packed_new, r, row, h);
     const int64_t vsrc = row_offset(a.v_new, packed_new, r, row, h);
     rotate_row<T>(a, static_cast<const T*>(a.k_new.data) + src, static_cast<T*>(a.k.data) + cache_offset(a, a.k, b, pos, h),
@@ -143,7 +144,8 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
 fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& w) {
   fa3_fwd_params r = a;
   if (a.cache_seqlens == nullptr && !has_append(a)) return r;
-  r.seqused_k = a.cache_seqlens;  // (validated: seqused_k is NULL with cache_seqlens)
+  // (validated: seqused_k is NULL with cache_seqlens; rotary alone keeps the caller's seqused_k)
+  r.seqused_k = a.cache_seqlens != nullptr ? a.cache_seqlens : a.seqused_k;
   r.cache_seqlens = nullptr;
   if (!has_append(a)) return r;
   // (kernel_name and the workspace query pass no workspace: shapes are all they read then)
@@ -172,7 +174,8 @@ Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStre
   const int64_t q_units = w.rotate_q ? query_rows(a) * a.heads_q : 0;
   const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
-  const bool windowed = a.causal != 0 || a.window_left >= 0 || a.window_right >= 0;
+  // Q's rotary positions follow the mask the attention runs (a window reaching every key is none).
+  const bool windowed = detail::make_problem(a).has_mask();
   if (a.dtype == FA3_DTYPE_BF16)
     return hopper::launch<append_kernel<__nv_bfloat16>>(
         unsigned(blocks), kWarps * 32, 0, stream, a, seqused,
