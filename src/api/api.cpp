@@ -100,6 +100,8 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
   return ok();
 }
 
+Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes);
+
 // check_pointers = false: the caller vouches that every pointer is device memory (bindings.h).
 // A KV-cache append runs first (append_kv.h); the attention then reads the parameters it leaves.
 Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_pointers = true) {
@@ -112,6 +114,17 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
       return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the KV-cache append (" +
                      std::to_string(w.bytes) + " bytes for the key counts and the rotated q); got " +
                      std::to_string(p->workspace_bytes));
+    // Explicit splits need their partials beside the append's share: checked before the append
+    // writes the cache, so that a call that fails leaves the cache as it was (automatic splits take
+    // what the rest holds).
+    if (p->num_splits > 1) {
+      size_t need = 0;
+      FA3_TRY(fwd_workspace_impl(p, &need));
+      if (p->workspace_bytes < need)
+        return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() = " + std::to_string(need) +
+                       " for the KV-cache append and num_splits " + std::to_string(p->num_splits) + "; got " +
+                       std::to_string(p->workspace_bytes));
+    }
     FA3_TRY(attn::launch_append(*p, w, stream));
   }
   const fa3_fwd_params a = attn::attention_params(*p, w);
