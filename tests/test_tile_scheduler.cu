@@ -296,6 +296,43 @@ TEST(SplitPlan, AutomaticSplits) {
     }
 }
 
+// Which problems take the decode kernel and how its tiles pack query heads (split_plan.h): pack-GQA
+// where the group divides 64, decodes of <= 128 packed rows or an explicit num_splits > 1, never
+// softcap (its num_splits is then no split at all), explicit splits capped at the key blocks.
+TEST(SplitPlan, DecodePathAndPacking) {
+  fa3_fwd_params a{};
+  a.batch = 2;
+  a.heads_q = 32;
+  a.heads_kv = 8;
+  a.seqlen_q = 1;
+  a.seqlen_k = 4096;
+  EXPECT_EQ(pack_group_for(a), 4);
+  a.heads_kv = 32;
+  EXPECT_EQ(pack_group_for(a), 1);  // MHA
+  a.heads_q = 40, a.heads_kv = 8;
+  EXPECT_EQ(pack_group_for(a), 1);  // 5 does not divide 64
+  a.heads_q = 32, a.heads_kv = 8;
+  EXPECT_TRUE(takes_decode_path(a));
+  a.seqlen_q = 32;  // 32 queries x 4 heads = 128 rows
+  EXPECT_TRUE(takes_decode_path(a));
+  a.seqlen_q = 33;
+  EXPECT_FALSE(takes_decode_path(a));
+  a.num_splits = 2;
+  EXPECT_TRUE(takes_decode_path(a));
+  a.softcap = 30.f;
+  EXPECT_FALSE(takes_decode_path(a));
+  EXPECT_EQ(split_plan(a, 128, 132).num_splits, 0);  // not the decode path: no splits
+  a.softcap = 0.f;
+  a.num_splits = 100;
+  EXPECT_EQ(split_plan(a, 128, 132).num_splits, 4096 / 128);  // capped at the key blocks
+  a.num_splits = 0;
+  a.seqlen_q = 1;
+  const SplitPlan auto_plan = split_plan(a, 128, 132);  // 2 x 8 tiles of 32 key blocks: splits
+  EXPECT_EQ(auto_plan.pack_group, 4);
+  EXPECT_EQ(auto_plan.num_splits, auto_num_splits(16, 32, 132));
+  EXPECT_GT(auto_plan.num_splits, 1);
+}
+
 // The backward's dQ accumulator layout: dq_accum_index places element (row, column) of a query
 // block where the consumer staged it (register i of thread t at part * 4096 + i * 128 + t, the
 // accumulator's own row/column formula), and every slot of a block is used exactly once.
