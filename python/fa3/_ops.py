@@ -93,6 +93,16 @@ def tma_layout(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return c if c.data_ptr() % TMA_BYTES == 0 else c.clone()
 
 
+def window(left, right, causal):
+    """(window_left, window_right) as fa3 takes them, from FlashAttention's conventions: None or any
+    negative size is unbounded (-1), sizes past int32 are clamped (fa3 reads a window that reaches
+    every key as none), and causal sets the right edge to the diagonal, whatever was asked
+    (FlashAttention-3's rule; transformers passes causal=True with window_size=(w - 1, w - 1))."""
+    def size(x):
+        return -1 if x is None or x < 0 else min(int(x), 2**31 - 1)
+    return size(left), 0 if causal else size(right)
+
+
 # ---- Python entry points ------------------------------------------------------------------------
 def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
         max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,

@@ -40,19 +40,9 @@ def _check_common(qv, attention_chunk) -> None:
         raise _not_supported("attention_chunk", "chunked attention is not supported by fa3 yet")
 
 
-_INT32_MAX = 2**31 - 1
-
-
 def _window(window_size, causal) -> Tuple[int, int]:
-    """(left, right) as fa3 takes them: causal sets right to 0 whatever was asked (FlashAttention-3's
-    rule; transformers passes causal=True with window_size=(w - 1, w - 1)), and sizes past int32
-    (unbounded in effect) are clamped; fa3 reads any window reaching past every key as none."""
-    if window_size is None:
-        left, right = -1, -1
-    else:
-        left, right = window_size
-    left, right = min(int(left), _INT32_MAX), min(int(right), _INT32_MAX)
-    return left, (0 if causal else right)
+    left, right = (None, None) if window_size is None else window_size
+    return _ops.window(left, right, causal)
 
 
 def _scale(softmax_scale: Optional[float]) -> float:

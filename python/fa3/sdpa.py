@@ -223,16 +223,6 @@ def _resolve_scale(scale: Optional[float], head_dim: int) -> float:
     return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
 
 
-def _resolve_window(left, right, is_causal: bool):
-    # FlashAttention's conventions: any negative size is unbounded (-1 for fa3), and causal is the
-    # window whose right edge is the diagonal.
-    wl = -1 if left is None or left < 0 else int(left)
-    wr = -1 if right is None or right < 0 else int(right)
-    if is_causal:
-        wr = 0
-    return wl, wr
-
-
 def _layout_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """t in the layout of torch.empty_like(like): PyTorch's meta kernels of the flash operators
     promise it for the output and the gradients (torch.compile checks the strides), and its CUDA
@@ -500,7 +490,7 @@ def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
                    alibi_slopes=None):
     varlen = cum_seq_q is not None
     scale_f = _resolve_scale(scale, query.size(-1))
-    wl, wr = _resolve_window(window_size_left, window_size_right, is_causal)
+    wl, wr = _ops.window(window_size_left, window_size_right, is_causal)
     batch = (cum_seq_q.numel() - 1) if varlen else query.size(0)
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         _check_descale(name, t, batch, key.size(-2))
@@ -511,7 +501,7 @@ def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropou
     if reason is None:
         try:
             out, lse = _ops.fwd(
-                _ops.tma_layout(query), _ops.tma_layout(key), _ops.tma_layout(value),
+                query, key, value,  # (the operator copies what TMA cannot read in place)
                 cu_seqlens_q=_int32(cum_seq_q), cu_seqlens_k=_int32(cum_seq_k),
                 seqused_k=_int32(seqused_k),
                 max_seqlen_q=int(max_q) if varlen else 0,
@@ -539,7 +529,7 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
                     window_size_right=None):
     varlen = cum_seq_q is not None
     scale_f = _resolve_scale(scale, query.size(-1))
-    wl, wr = _resolve_window(window_size_left, window_size_right, is_causal)
+    wl, wr = _ops.window(window_size_left, window_size_right, is_causal)
     reason = _fa3_reason(query, key, value, varlen=varlen, dropout_p=dropout_p, scale=scale,
                          grad_out=grad_out, out=out, logsumexp=logsumexp)
     grads = None

@@ -100,7 +100,15 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
   return ok();
 }
 
-Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes);
+// The workspace a validated call needs: the append's share, then the decode path's (split-KV partials).
+Status fwd_workspace_bytes(const fa3_fwd_params& p, size_t* bytes) {
+  const attn::AppendWorkspace w = attn::append_workspace(p);
+  const fa3_fwd_params a = attn::attention_params(p, w);
+  *bytes = 0;
+  FA3_TRY(hopper_fwd_workspace_bytes(make_problem(a), bytes));
+  *bytes += w.bytes;
+  return ok();
+}
 
 // check_pointers = false: the caller vouches that every pointer is device memory (bindings.h).
 // A KV-cache append runs first (append_kv.h); the attention then reads the parameters it leaves.
@@ -119,7 +127,7 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
     // what the rest holds).
     if (p->num_splits > 1) {
       size_t need = 0;
-      FA3_TRY(fwd_workspace_impl(p, &need));
+      FA3_TRY(fwd_workspace_bytes(*p, &need));
       if (p->workspace_bytes < need)
         return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() = " + std::to_string(need) +
                        " for the KV-cache append and num_splits " + std::to_string(p->num_splits) + "; got " +
@@ -141,16 +149,11 @@ Status kernel_name_impl(const fa3_fwd_params* p, const char** name) {
   return ok();
 }
 
-// The append's share (key counts, rotated q), then the decode path's (split-KV partials).
+// The public query: validation, then fwd_workspace_bytes.
 Status fwd_workspace_impl(const fa3_fwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_fwd(p));
-  const attn::AppendWorkspace w = attn::append_workspace(*p);
-  const fa3_fwd_params a = attn::attention_params(*p, w);
-  *bytes = 0;
-  FA3_TRY(hopper_fwd_workspace_bytes(make_problem(a), bytes));
-  *bytes += w.bytes;
-  return ok();
+  return fwd_workspace_bytes(*p, bytes);
 }
 
 Status quantize_impl(const fa3_quantize_params* p, cudaStream_t stream) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "src/api/limits.h"
 #include "src/api/status.h"
 #include "src/attention/combine.h"
 #include "src/fp8/quantize_fp8.h"
@@ -23,10 +24,6 @@ using std::to_string;
 // TMA copies need 16-byte-aligned base addresses and 16-byte-multiple strides.
 constexpr int64_t kTmaBytes = 16;
 constexpr int kMaxHeadDim = 256;
-// Room below 2^31 for a key block past the last position.
-constexpr int64_t kMaxPositions = (int64_t(1) << 31) - (int64_t(1) << 16);
-// CUDA's grid y and z extents (the backward's and the reference kernels' heads and batch).
-constexpr int64_t kMaxGridYz = 65535;
 
 std::string hex(const void* ptr) {
   char buf[32];
@@ -89,8 +86,8 @@ Status check_sizes(const fa3_fwd_params& p) {
   FA3_TRY(check_positive("heads_kv", p.heads_kv));
   // The kernels index key and query positions in 32 bits, window edges included (mask.cuh adds a
   // row, the offset seqlen_k - seqlen_q and a window below seqlen_q; make_problem drops wider ones).
-  if (int64_t(p.seqlen_q) + p.seqlen_k > kMaxPositions)
-    return invalid("seqlen_q + seqlen_k must be <= " + to_string(kMaxPositions) + " (32-bit key positions); got " +
+  if (int64_t(p.seqlen_q) + p.seqlen_k > kMaxIndex32)
+    return invalid("seqlen_q + seqlen_k must be <= " + to_string(kMaxIndex32) + " (32-bit key positions); got " +
                    to_string(p.seqlen_q) + " + " + to_string(p.seqlen_k));
   // Each key/value head serves a whole group of query heads (GQA; MQA when heads_kv == 1).
   if (p.heads_q % p.heads_kv != 0)
@@ -476,8 +473,8 @@ Status validate_quantize(const fa3_quantize_params* p) {
   FA3_TRY(check_positive("heads", p->heads));
   if (p->seqlen < 0) return invalid("seqlen must be >= 0; got " + to_string(p->seqlen));
   // The kernel walks a sequence's positions in 32 bits, a block (or 128 rows) past the last included.
-  if (int64_t(p->seqlen) + std::max(p->block_size, 128) > kMaxPositions)
-    return invalid("seqlen + max(block_size, 128) must be <= " + to_string(kMaxPositions) + "; got seqlen " +
+  if (int64_t(p->seqlen) + std::max(p->block_size, 128) > kMaxIndex32)
+    return invalid("seqlen + max(block_size, 128) must be <= " + to_string(kMaxIndex32) + "; got seqlen " +
                    to_string(p->seqlen) + ", block_size " + to_string(p->block_size));
   if (p->head_dim < 8 || p->head_dim > 256 || p->head_dim % 8 != 0)
     return invalid("head_dim must be a multiple of 8 in [8, 256]; got " + to_string(p->head_dim));
@@ -541,8 +538,8 @@ Status validate_combine(const fa3_combine_params* p) {
     return invalid("head_dim must be a multiple of 4 in [4, " + to_string(attn::kMaxCombineHeadDim) + "]; got " +
                    to_string(p->head_dim));
   // The kernel numbers a batch entry's (row, head) pairs in 32 bits (combine.cu).
-  if (int64_t(p->seqlen) * p->heads > kMaxPositions)
-    return invalid("seqlen * heads must be <= " + to_string(kMaxPositions) + "; got " + to_string(p->seqlen) +
+  if (int64_t(p->seqlen) * p->heads > kMaxIndex32)
+    return invalid("seqlen * heads must be <= " + to_string(kMaxIndex32) + "; got " + to_string(p->seqlen) +
                    " * " + to_string(p->heads));
   if (p->out_partial == nullptr) return invalid("out_partial must not be NULL");
   if (p->lse_partial == nullptr) return invalid("lse_partial must not be NULL");

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "src/api/limits.h"
 #include "src/attention/combine.h"
 #include "src/attention/sink.cuh"
 #include "src/hopper/launch.h"
@@ -138,10 +139,11 @@ Status launch_combine_as(const CombineParams& p, cudaStream_t stream) {
   if (row_blocks == 0) return Status();
   // A warp's (row, head) index is 32-bit (fa3_combine's validation bounds seqlen * heads the same
   // way; the split-KV path comes here directly).
-  if (static_cast<long long>(p.seqlen) * p.heads > (1LL << 31) - (1LL << 16))
-    return Status(FA3_ERROR_INVALID_ARGUMENT, "combine: seqlen * heads must be <= 2^31 - 2^16; got " +
+  if (int64_t(p.seqlen) * p.heads > detail::kMaxIndex32)
+    return Status(FA3_ERROR_INVALID_ARGUMENT, "combine: seqlen * heads must be <= " +
+                                                  std::to_string(detail::kMaxIndex32) + "; got " +
                                                   std::to_string(p.seqlen) + " * " + std::to_string(p.heads));
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(std::min<int64_t>(p.batch, detail::kMaxGridYz)));
   return hopper::launch<combine_kernel<Elem>>(grid, kWarps * 32, 0, stream, p);
 }
 

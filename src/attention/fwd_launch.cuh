@@ -9,6 +9,7 @@
 #include <numeric>
 #include <string>
 
+#include "src/api/limits.h"
 #include "src/attention/bshd_map.h"
 #include "src/attention/combine.h"
 #include "src/attention/fwd_kernel.cuh"
@@ -27,10 +28,6 @@ constexpr CUtensorMapDataType tma_dtype(int dtype) {
          : dtype == FA3_DTYPE_E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
-
-// The most tiles (and partial rows) a launch takes: the kernels count them in 32 bits, with room
-// for a grid's stride past the last.
-constexpr int64_t kMaxTiles = (int64_t(1) << 31) - (int64_t(1) << 16);
 
 // Declared in fwd_launch.h; instantiated per generated file for the product's tiles (FwdConfig) and
 // by the tuning benchmark for other TileConfigs.
@@ -84,9 +81,9 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     while ((1 << p.pack_queries_log2) < queries) ++p.pack_queries_log2;
     if (f.num_splits > 1) {  // (one split writes O itself: epilogue.cuh)
       ws = split_workspace(a, f.num_splits);
-      if (ws.rows > kMaxTiles)
+      if (ws.rows > detail::kMaxIndex32)
         return Status(FA3_ERROR_INVALID_ARGUMENT, "num_splits > 1 needs batch * seqlen_q (or total_q) <= " +
-                                                      std::to_string(kMaxTiles) + "; got " + std::to_string(ws.rows));
+                                                      std::to_string(detail::kMaxIndex32) + "; got " + std::to_string(ws.rows));
       p.partial_rows = static_cast<int>(ws.rows);
       p.o_partial = static_cast<float*>(a.workspace);
       p.lse_partial = p.o_partial + ws.o_elems;
@@ -96,10 +93,10 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   }
   // The persistent scheduler numbers tiles (and batch x heads) in 32 bits, a grid's stride past the
   // last included; the varlen walk counts up to two slots a tile (tile_scheduler.cuh).
-  if (tiles * (Feat::kVarlen ? 2 : 1) > kMaxTiles)
+  if (tiles * (Feat::kVarlen ? 2 : 1) > detail::kMaxIndex32)
     return Status(FA3_ERROR_INVALID_ARGUMENT,
                   "batch * heads_q * query blocks" + std::string(Feat::kSplit ? " * num_splits" : "") + " = " +
-                      std::to_string(tiles) + " tiles exceed " + std::to_string(kMaxTiles) +
+                      std::to_string(tiles) + " tiles exceed " + std::to_string(detail::kMaxIndex32) +
                       " (batch " + std::to_string(a.batch) + ", heads_q " + std::to_string(a.heads_q) +
                       ", seqlen_q " + std::to_string(a.seqlen_q) + ")");
   p.num_tiles = static_cast<int>(tiles);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "src/api/dispatch.h"
+#include "src/api/limits.h"
 #include "src/attention/sink.cuh"
 #include "src/oracle/oracle_common.cuh"
 
@@ -125,9 +126,9 @@ Status launch(const OracleArgs& args, cudaStream_t stream) {
 
 Status oracle_fwd(const FwdProblem& f, cudaStream_t stream) {
   // Heads and batch entries are grid dimensions here (the Hopper kernels' grid is one-dimensional).
-  if (f.p->heads_q > 65535 || f.p->batch > 65535)
-    return invalid("heads_q and batch must be <= 65535 on the reference kernel (kernel_name \"reference-gpu\"); got "
-                   "heads_q " + std::to_string(f.p->heads_q) + ", batch " + std::to_string(f.p->batch));
+  if (f.p->heads_q > kMaxGridYz || f.p->batch > kMaxGridYz)
+    return invalid("heads_q and batch must be <= " + std::to_string(kMaxGridYz) +
+                   " on the reference kernel (kernel_name \"reference-gpu\"); got heads_q " + std::to_string(f.p->heads_q) + ", batch " + std::to_string(f.p->batch));
   const OracleArgs args{*f.p, f.scale, f.window_left, f.window_right};
   switch (f.p->dtype) {
     case FA3_DTYPE_BF16: return launch<__nv_bfloat16, __nv_bfloat16>(args, stream);
