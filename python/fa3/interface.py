@@ -170,6 +170,35 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                            sm_margin, return_attn_probs)
 
 
+def _append_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], pos: torch.Tensor,
+                 new: torch.Tensor) -> None:
+    """new [b, s_new, h, d] written into cache (contiguous [b, len, h, d] or paged [pages, page_size,
+    h, d] behind page_table) at positions pos [b, s_new], as fa3's append kernel does: a position
+    outside the cache (cache_seqlens past its length, or negative: a broken contract that cannot be
+    checked without a sync) writes nothing, where indexing with it would raise a device-side assert
+    that poisons the CUDA context. Token by token, an invalid row rewriting the value its clamped row
+    holds at that moment: positions grow with the token, so no later valid write of that row is
+    undone. Page-table entries are the caller's contract, as for every fa3 call (clamped here only
+    so that indexing cannot fault)."""
+    b, s_new = pos.shape
+    if page_table is not None:
+        page_size, width = cache.shape[1], page_table.shape[1]
+        ok = (pos >= 0) & (pos < width * page_size)
+        slot = pos.clamp(0, width * page_size - 1).div(page_size, rounding_mode="floor")
+        pages = torch.gather(page_table.long(), 1, slot).clamp(0, cache.shape[0] - 1)
+        index = (pages, pos.remainder(page_size))
+    else:
+        ok = (pos >= 0) & (pos < cache.shape[1])
+        index = (torch.arange(b, device=pos.device)[:, None].expand_as(pos), pos.clamp(0, cache.shape[1] - 1))
+    # (bytes for one-byte caches: torch.where on float8 is not every backend's)
+    raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+    new = new.to(cache.dtype)
+    new = new.view(torch.uint8) if cache.element_size() == 1 else new
+    for i in range(s_new):
+        at = (index[0][:, i], index[1][:, i])
+        raw[at] = torch.where(ok[:, i, None, None], new[:, i], raw[at])
+
+
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotary embedding of the first 2 * cos.shape[-1] dims of x [..., s, h, d]; cos/sin [..., s, r/2]."""
     rot = 2 * cos.shape[-1]
@@ -274,16 +303,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         if rotary_cos is not None:  # (positions past the table read its last row, as the kernel)
             row = pos.clamp(0, rotary_cos.shape[0] - 1)
             k = _rotary(k, rotary_cos[row], rotary_sin[row], rotary_interleaved)
-        if page_table is not None:
-            page_size = k_cache.shape[1]
-            pages = torch.gather(page_table.long(), 1, pos // page_size)
-            slots = pos % page_size
-            k_cache[pages, slots] = k.to(k_cache.dtype)
-            v_cache[pages, slots] = v.to(v_cache.dtype)
-        else:
-            rows = torch.arange(batch, device=dev)[:, None].expand_as(pos)
-            k_cache[rows, pos] = k.to(k_cache.dtype)
-            v_cache[rows, pos] = v.to(v_cache.dtype)
+        _append_rows(k_cache, page_table, pos, k)
+        _append_rows(v_cache, page_table, pos, v)
         seqused_k = positions_base + s_new
     if rotary_cos is not None:
         if varlen_q:

@@ -285,6 +285,39 @@ def test_kvcache_append_writes_the_cache_and_attends_to_it(monkeypatch, paged):
     assert torch.allclose(out.double(), ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_append_outside_the_cache_writes_nothing(paged):
+    """The PyTorch-operations append (e4m3 caches, CPU tensors): positions past the cache or
+    negative write nothing (fa3's append kernel's rule; indexing with them raised, a device-side
+    assert on the GPU); the valid rows of the same call land, the last cache row among them."""
+    torch.manual_seed(3)
+    b, s_new, h, d, cache_len, page = 4, 3, 2, 8, 12, 4
+    base = torch.tensor([10, -2, 3, 11])  # rows 10, 11 | 12 (past); -2, -1 (before) | 0; 3, 4, 5; 11 | 12, 13
+    pos = base[:, None] + torch.arange(s_new)[None, :]
+    new = torch.randn(b, s_new, h, d)
+    if paged:
+        table = torch.randperm(b * cache_len // page).reshape(b, -1).to(torch.int32)
+        cache = torch.randn(b * cache_len // page, page, h, d)
+    else:
+        table, cache = None, torch.randn(b, cache_len, h, d)
+    expect = cache.clone()
+    for i in range(b):
+        for j in range(s_new):
+            p = int(pos[i, j])
+            if not 0 <= p < cache_len:
+                continue
+            if paged:
+                expect[int(table[i, p // page]), p % page] = new[i, j]
+            else:
+                expect[i, p] = new[i, j]
+    interface._append_rows(cache, table, pos, new)
+    assert torch.equal(cache, expect)
+    e4m3 = expect.to(torch.float8_e4m3fn)  # a one-byte cache (written as bytes)
+    cache8 = e4m3.clone()
+    interface._append_rows(cache8, table, pos, new)
+    assert torch.equal(cache8.view(torch.uint8), e4m3.view(torch.uint8))
+
+
 def test_kvcache_batch_index_becomes_a_page_table(monkeypatch):
     seen = {}
 
