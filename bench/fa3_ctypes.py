@@ -160,6 +160,7 @@ class BwdParams(ctypes.Structure):
         ("workspace", c_void_p),
         ("workspace_bytes", c_size_t),
         ("dsinks", c_void_p),  # float32 [heads_q]: the sinks' gradient, or None
+        ("dlse", c_void_p),  # float32, laid out as fwd.lse: the loss's gradient w.r.t. LSE, or None
     ]
 
 

@@ -196,7 +196,7 @@ FwdResult forward(const Problem& p, const Inputs& in, int threads) {
 }
 
 BwdResult backward(const Problem& p, const Inputs& in, const std::vector<std::vector<float>>& dout,
-                   int threads) {
+                   int threads, const std::vector<std::vector<float>>* dlse) {
   validate(p, in);
   const int hq = p.heads_q, hkv = p.heads_kv, dqk = p.head_dim_qk, dv = p.head_dim_v;
   check_tensor(dout, "dout", p.batch, p.seqlen_q, "seqlen_q", hq, "heads_q", dv, "head_dim_v");
@@ -204,7 +204,14 @@ BwdResult backward(const Problem& p, const Inputs& in, const std::vector<std::ve
   const double scale = effective_scale(p);
   const FwdResult f = forward(p, in, threads);
 
-  // D_i = dO_i . O_i, the softmax-Jacobian correction shared by every key of row i.
+  // D_i = dO_i . O_i, the softmax-Jacobian correction shared by every key of row i; with LSE's own
+  // gradient (dLSE_i / dS_ij = P_ij) D_i - dLSE_i, so that dS_ij = P_ij (dP_ij - D_i + dLSE_i).
+  if (dlse != nullptr) {
+    if (dlse->size() != static_cast<size_t>(p.batch)) throw std::invalid_argument("dlse: batch entries");
+    for (int b = 0; b < p.batch; ++b)
+      if ((*dlse)[b].size() != static_cast<size_t>(hq) * p.seqlen_q[b])
+        throw std::invalid_argument("dlse: [heads_q][seqlen_q] per batch entry");
+  }
   std::vector<std::vector<double>> delta(p.batch);
   for (int b = 0; b < p.batch; ++b) {
     const int sq = p.seqlen_q[b];
@@ -214,6 +221,7 @@ BwdResult backward(const Problem& p, const Inputs& in, const std::vector<std::ve
         double d = 0;
         for (int x = 0; x < dv; ++x)
           d += dout[b][at(i, hq, h, dv) + x] * f.o[b][at(i, hq, h, dv) + x];
+        if (dlse != nullptr) d -= (*dlse)[b][static_cast<size_t>(h) * sq + i];
         delta[b][static_cast<size_t>(h) * sq + i] = d;
       }
   }

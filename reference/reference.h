@@ -52,9 +52,10 @@ bool key_visible(const Problem& p, int b, int i, int j);
 
 // threads == 0 uses std::thread::hardware_concurrency(). Both call validate() first.
 FwdResult forward(const Problem& p, const Inputs& in, int threads = 0);
-// dout has the layout of o. Recomputes the forward internally for O and LSE.
+// dout has the layout of o. Recomputes the forward internally for O and LSE. dlse (optional, the
+// layout of FwdResult::lse): the loss's gradient w.r.t. LSE, whose gradient joins the one through O.
 BwdResult backward(const Problem& p, const Inputs& in, const std::vector<std::vector<float>>& dout,
-                   int threads = 0);
+                   int threads = 0, const std::vector<std::vector<float>>* dlse = nullptr);
 
 // Gathers the logical [seqlen][heads][d] K (or V) of one sequence from a paged pool laid out as
 // [num_pages][page_size][heads][d]; page_table_row lists this sequence's pages in order.

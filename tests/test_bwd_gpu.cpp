@@ -16,6 +16,7 @@
 #include <cstring>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -35,11 +36,14 @@ float from_bits(uint16_t b, fa3_dtype t) { return t == FA3_DTYPE_BF16 ? ref::fro
 struct BwdData {
   FwdData f;
   std::vector<std::vector<float>> dout;  // logical, as ref::backward wants it
-  DeviceBuffer ddo, dq, dk, dv, workspace, dsinks;
+  std::vector<std::vector<float>> dlse;  // with_dlse: logical ([heads_q][rows] per sequence)
+  DeviceBuffer ddo, dq, dk, dv, workspace, dsinks, ddlse;
   BwdArgs args;
 };
 
-BwdData make_bwd_data(const FwdCase& c, int deterministic = 0) {
+// with_dlse: a random gradient of the loss w.r.t. LSE (fa3_bwd_params.dlse) in LSE's layout, NaN
+// in the rows the sequences do not use (a read of one shows).
+BwdData make_bwd_data(const FwdCase& c, int deterministic = 0, bool with_dlse = false) {
   BwdData d;
   FwdCase fc = c;
   fc.with_lse = true;
@@ -78,6 +82,20 @@ BwdData make_bwd_data(const FwdCase& c, int deterministic = 0) {
   a.dk = with(d.f.args.k, d.dk.get());
   a.dv = with(d.f.args.v, d.dv.get());
   a.deterministic = deterministic;
+  if (with_dlse) {
+    std::vector<float> img_lse(P.lse_elems, std::numeric_limits<float>::quiet_NaN());
+    d.dlse.resize(P.batch);
+    for (int b = 0; b < P.batch; ++b)
+      for (int h = 0; h < P.heads_q; ++h)
+        for (int i = 0; i < P.used_q[b]; ++i) {
+          const float g = normal(rng());
+          img_lse[P.lse_index(b, h, i)] = g;
+          d.dlse[b].push_back(g);  // [heads_q][rows], the reference's order
+        }
+    d.ddlse = DeviceBuffer(img_lse.size() * 4);
+    d.ddlse.upload(img_lse.data(), img_lse.size() * 4);
+    a.dlse = static_cast<const float*>(d.ddlse.get());
+  }
   if (c.sinks) {  // the sinks' gradient, poisoned
     d.dsinks = DeviceBuffer(size_t(c.heads_q) * 4);
     d.dsinks.fill_bytes(0xFF);
@@ -185,7 +203,7 @@ void expect_grad(const GradError& e, const char* what, const std::string& name, 
 
 // dQ, dK, dV (and dsinks) of run g against the double reference of d's inputs.
 void expect_grads(const BwdData& d, const Grads& g, const FwdCase& c, double tol) {
-  const ref::BwdResult want = ref::backward(d.f.prob, d.f.in, d.dout);
+  const ref::BwdResult want = ref::backward(d.f.prob, d.f.in, d.dout, 0, d.dlse.empty() ? nullptr : &d.dlse);
   const FwdPlan& P = d.f.plan;
   const fa3_dtype t = c.dtype;
   expect_grad(grad_error(g.dq, want.dq, P.used_q, P.heads_q, P.dqk, t,
@@ -403,6 +421,67 @@ TEST(BwdGpu, ReferenceKernelFeatures) {
   c.window_right = 0;
   c.head_dim = c.head_dim_v = 64;
   check_bwd_case(c, "reference-gpu");
+}
+
+// LSE's own gradient (fa3_bwd_params.dlse: a loss that uses LSE): dQ/dK/dV (and dsinks) against the
+// reference's gradient through O and LSE together, on every backward tile (d64, d128, d256), causal
+// rows without a key, softcap, GQA, packed sequences with seqused and empty ones, sinks, the
+// deterministic mode (bitwise reproducible) and the reference backward. The dLSE entries of rows no
+// sequence uses are NaN. dV does not depend on dLSE; dQ must (checked against the run without).
+TEST(BwdGpu, LseGradient) {
+  FA3_REQUIRE_GPU();
+  std::vector<std::pair<FwdCase, const char*>> cases;
+  for (int d : {64, 128, 256}) {
+    FwdCase c;
+    c.head_dim = c.head_dim_v = d;
+    c.seqlen_q = 333;
+    c.seqlen_k = 517;
+    c.heads_q = 4;
+    c.heads_kv = d == 128 ? 1 : 4;
+    cases.push_back({c, "hopper"});
+  }
+  {
+    FwdCase c;
+    c.seqlen_q = 300;  // causal rows without a key (LSE -inf: no gradient from dLSE)
+    c.seqlen_k = 100;
+    c.causal = true;
+    c.softcap = 10.f;
+    c.dtype = FA3_DTYPE_FP16;
+    cases.push_back({c, "hopper"});
+    c.sinks = true;  // the same rows with a sink: LSE = sink, dsink takes their dLSE
+    c.softcap = 0.f;
+    cases.push_back({c, "hopper"});
+  }
+  {
+    FwdCase c = packed_head_dim_case(128, 128, Layout::kBSHD);
+    c.causal = true;
+    c.seqused_q = {10, 0, 150, 1, 100};
+    cases.push_back({c, "hopper"});
+  }
+  {
+    FwdCase c;
+    c.seqlen_q = 150;
+    c.seqlen_k = 190;
+    c.softmax_scale = -0.05f;
+    c.sinks = true;
+    cases.push_back({c, "reference-gpu"});
+  }
+  for (const auto& [c, kernel] : cases)
+    for (int det : {0, 1}) {
+      if (det && std::string(kernel) != "hopper") continue;
+      SCOPED_TRACE(c.name() + (det ? " deterministic" : ""));
+      BwdData d = make_bwd_data(c, det, /*with_dlse=*/true);
+      const char* name = nullptr;
+      ASSERT_TRUE(fa3::kernel_name(d.args, &name).ok());
+      EXPECT_STREQ(kernel, name);
+      const Grads g = run_bwd(d);
+      expect_grads(d, g, c, 1e-2);
+      if (det) EXPECT_TRUE(run_bwd(d).dq == g.dq) << "dq differs between deterministic runs";
+      d.args.dlse = nullptr;
+      const Grads g0 = run_bwd(d);
+      EXPECT_TRUE(g0.dv == g.dv) << "dV moved with dLSE";
+      EXPECT_FALSE(g0.dq == g.dq) << "dQ did not move with dLSE";
+    }
 }
 
 // Attention sinks: dQ/dK/dV through the LSE that holds the sink, and the sinks' own gradient

@@ -408,61 +408,126 @@ double loss(const Problem& p, const Inputs& in, const std::vector<std::vector<fl
   return l;
 }
 
-// Central differences of L = sum(O * dO) with an absolute step h = 2^-18 (~4e-6; inputs are O(1)).
-// The probed entries are first snapped to multiples of h, so x +- h are exact floats and the
-// quotient is truly central. Observed error ~1e-9 absolute (rounding in L over 2h, plus h^2 terms),
-// well inside the 1e-6 relative tolerance.
-TEST(ReferenceBackward, MatchesFiniteDifferences) {
-  const unsigned seed = fresh_seed();
-  TRACE_SEED(seed);
-  std::mt19937 rng(seed);
+// Central differences of a loss with an absolute step h = 2^-18 (~4e-6; inputs are O(1)) at six
+// random entries of each of Q, K, V, against `grads(in)` (the analytic gradient, recomputed after the
+// probed entries are snapped to multiples of h, so that x +- h are exact floats and the quotient is
+// truly central). Observed error ~1e-9 absolute (rounding in L over 2h, plus h^2 terms), well inside
+// the 1e-6 relative tolerance.
+template <class Grads, class Loss>
+void expect_matches_central_differences(const Problem& p, Inputs& in, std::mt19937& rng, Grads&& grads, Loss&& loss_of) {
   const float h = std::ldexp(1.0f, -18);
-  const std::vector<Case> cases = {
+  struct Probe {
+    int tensor, b;
+    size_t e;
+  };
+  std::vector<std::vector<float>>* tensors[3] = {&in.q, &in.k, &in.v};
+  std::vector<Probe> probes;
+  for (int t = 0; t < 3; ++t)
+    for (int n = 0; n < 6; ++n) {
+      const int b = std::uniform_int_distribution<int>(0, p.batch - 1)(rng);
+      auto& xb = (*tensors[t])[b];
+      const size_t e = std::uniform_int_distribution<size_t>(0, xb.size() - 1)(rng);
+      xb[e] = std::round(xb[e] / h) * h;
+      probes.push_back({t, b, e});
+    }
+  const fa3::ref::BwdResult g = grads(in);
+  const Tensors* gs[3] = {&g.dq, &g.dk, &g.dv};
+  double gmax[3] = {0, 0, 0};
+  for (int t = 0; t < 3; ++t)
+    for (const auto& gb : *gs[t])
+      for (double v : gb) gmax[t] = std::max(gmax[t], std::abs(v));
+  for (const Probe& pr : probes) {
+    float& x = (*tensors[pr.tensor])[pr.b][pr.e];
+    const float x0 = x;
+    x = x0 + h;
+    const double lp = loss_of(in);
+    x = x0 - h;
+    const double lm = loss_of(in);
+    x = x0;
+    const double fd = (lp - lm) / (2.0 * double(h));
+    const double an = (*gs[pr.tensor])[pr.b][pr.e];
+    EXPECT_NEAR(an, fd, 1e-6 * std::max(std::abs(an), 0.01 * gmax[pr.tensor]))
+        << "d"
+        << "qkv"[pr.tensor] << "[" << pr.b << "][" << pr.e << "]";
+  }
+}
+
+const std::vector<Case>& finite_difference_cases() {
+  static const std::vector<Case> cases = {
       {"plain", {6}, {7}, 2, 2, 8, 6},
       {"causal varlen with empty rows", {7, 3}, {4, 5}, 2, 2, 8, 8, true},
       {"softcap + window", {8}, {8}, 2, 1, 8, 8, false, 2, 1, 1.0, 0, 1.5f},
       {"gqa 4:1 causal", {5}, {9}, 4, 1, 8, 4, true},
   };
-  for (const Case& c : cases) {
+  return cases;
+}
+
+// L = sum(O * dO).
+TEST(ReferenceBackward, MatchesFiniteDifferences) {
+  const unsigned seed = fresh_seed();
+  TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  for (const Case& c : finite_difference_cases()) {
     SCOPED_TRACE(c.name);
     const Problem p = problem_of(c);
     Inputs in = random_inputs(p, rng, c.amp);
     const auto dout = random_dout(p, rng);
-    struct Probe {
-      int tensor, b;
-      size_t e;
-    };
-    std::vector<std::vector<float>>* tensors[3] = {&in.q, &in.k, &in.v};
-    std::vector<Probe> probes;
-    for (int t = 0; t < 3; ++t)
-      for (int n = 0; n < 6; ++n) {
-        const int b = std::uniform_int_distribution<int>(0, p.batch - 1)(rng);
-        auto& xb = (*tensors[t])[b];
-        const size_t e = std::uniform_int_distribution<size_t>(0, xb.size() - 1)(rng);
-        xb[e] = std::round(xb[e] / h) * h;
-        probes.push_back({t, b, e});
-      }
-    const auto g = fa3::ref::backward(p, in, dout);
-    const Tensors* grads[3] = {&g.dq, &g.dk, &g.dv};
-    double gmax[3] = {0, 0, 0};
-    for (int t = 0; t < 3; ++t)
-      for (const auto& gb : *grads[t])
-        for (double v : gb) gmax[t] = std::max(gmax[t], std::abs(v));
-    for (const Probe& pr : probes) {
-      float& x = (*tensors[pr.tensor])[pr.b][pr.e];
-      const float x0 = x;
-      x = x0 + h;
-      const double lp = loss(p, in, dout);
-      x = x0 - h;
-      const double lm = loss(p, in, dout);
-      x = x0;
-      const double fd = (lp - lm) / (2.0 * double(h));
-      const double an = (*grads[pr.tensor])[pr.b][pr.e];
-      EXPECT_NEAR(an, fd, 1e-6 * std::max(std::abs(an), 0.01 * gmax[pr.tensor]))
-          << "d"
-          << "qkv"[pr.tensor] << "[" << pr.b << "][" << pr.e << "]";
-    }
+    expect_matches_central_differences(
+        p, in, rng, [&](const Inputs& x) { return fa3::ref::backward(p, x, dout); },
+        [&](const Inputs& x) { return loss(p, x, dout); });
   }
+}
+
+// LSE's own gradient: L = sum(O * dO) + sum(LSE * dLSE) over the rows with a visible key (a row
+// without one has LSE -inf, or the sink's: it takes none from dLSE through Q/K/V), on the cases
+// above with and without sinks (whose gradient moves too).
+double loss_with_lse(const Problem& p, const Inputs& in, const std::vector<std::vector<float>>& dout,
+                     const std::vector<std::vector<float>>& dlse) {
+  const auto f = fa3::ref::forward(p, in, 1);
+  double l = 0;
+  for (size_t b = 0; b < f.o.size(); ++b) {
+    for (size_t e = 0; e < f.o[b].size(); ++e) l += f.o[b][e] * dout[b][e];
+    for (size_t r = 0; r < f.lse[b].size(); ++r)
+      if (std::isfinite(f.lse[b][r])) l += f.lse[b][r] * dlse[b][r];
+  }
+  return l;
+}
+
+TEST(ReferenceBackward, LseGradientMatchesFiniteDifferences) {
+  const unsigned seed = fresh_seed();
+  TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  for (bool sinks : {false, true})
+    for (const Case& c : finite_difference_cases()) {
+      SCOPED_TRACE(c.name + (sinks ? " with sinks" : ""));
+      Problem p = problem_of(c);
+      if (sinks) p.sinks.assign(p.heads_q, 0.5);
+      Inputs in = random_inputs(p, rng, c.amp);
+      const auto dout = random_dout(p, rng);
+      std::vector<std::vector<float>> dlse(p.batch);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      for (int b = 0; b < p.batch; ++b)
+        for (int r = 0; r < p.heads_q * p.seqlen_q[b]; ++r) dlse[b].push_back(nd(rng));
+      expect_matches_central_differences(
+          p, in, rng, [&](const Inputs& x) { return fa3::ref::backward(p, x, dout, 0, &dlse); },
+          [&](const Inputs& x) { return loss_with_lse(p, x, dout, dlse); });
+      const auto g = fa3::ref::backward(p, in, dout, 0, &dlse), g0 = fa3::ref::backward(p, in, dout);
+      expect_close(g.dv, g0.dv, 0, "dv (dLSE does not reach V)");
+      double moved = 0;  // and dLSE does reach Q (a test that cannot fail otherwise)
+      for (size_t b = 0; b < g.dq.size(); ++b)
+        for (size_t e = 0; e < g.dq[b].size(); ++e) moved = std::max(moved, std::abs(g.dq[b][e] - g0.dq[b][e]));
+      EXPECT_GT(moved, 1e-3);
+      if (sinks) {
+        const double hs = std::ldexp(1.0, -18);
+        for (int head = 0; head < p.heads_q; ++head) {
+          Problem pp = p, pm = p;
+          pp.sinks[head] += hs;
+          pm.sinks[head] -= hs;
+          const double fd = (loss_with_lse(pp, in, dout, dlse) - loss_with_lse(pm, in, dout, dlse)) / (2 * hs);
+          EXPECT_NEAR(g.dsinks[head], fd, 1e-6 * std::max(1.0, std::abs(fd))) << "dsinks[" << head << "]";
+        }
+      }
+    }
 }
 
 // --- attention sinks ----------------------------------------------------------------------------

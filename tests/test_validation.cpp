@@ -905,6 +905,13 @@ TEST_F(BwdValidation, DsinksNeedSinks) {
   EXPECT_TRUE(Passes(fa3::validate(b)));
 }
 
+TEST_F(BwdValidation, DlseIsFloat32Aligned) {
+  b.dlse = fake<const float>(0xe20000);  // LSE's gradient, laid out as fwd.lse
+  EXPECT_TRUE(Passes(fa3::validate(b)));
+  b.dlse = fake<const float>(0xe20002);
+  EXPECT_TRUE(Invalid(fa3::validate(b), "dlse"));
+}
+
 TEST_F(BwdValidation, ForwardArgumentsAreValidated) {
   b.fwd.seqlen_k = 0;
   EXPECT_TRUE(Invalid(fa3::validate(b), "seqlen_k"));

@@ -223,6 +223,11 @@ typedef struct fa3_bwd_params {
    * dsink_h = -sum over the head's rows of exp(sink_h - LSE) * rowsum(dO * O). Written, not
    * accumulated; always bitwise reproducible (a fixed summation order). */
   float* dsinks;
+  /* Optional (NULL = none): float32, laid out as fwd.lse, the gradient of the loss with respect to
+   * the forward's LSE, for losses that use LSE itself (merging partial attentions by their LSEs,
+   * z-loss-style terms): dQ / dK / dV (and dsinks) are then the gradients through O and LSE
+   * together. Rows whose LSE is -inf (no visible key) take no gradient from it. */
+  const float* dlse;
 } fa3_bwd_params;
 
 FA3_API void fa3_fwd_params_init(fa3_fwd_params* params);

@@ -110,7 +110,7 @@ def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k
         softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None, k_block_descale=None,
         v_block_descale=None, q_block_size=0, kv_block_size=0, sinks=None):
     """(out, softmax_lse) = fa3::fwd(...); differentiable in q, k, v and sinks (float32 [heads_q]
-    attention-sink logits; softmax_lse is not differentiable)."""
+    attention-sink logits), through out and softmax_lse."""
     _require()
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
             page_table, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
@@ -141,13 +141,15 @@ def _fwd_below_autograd(args):
 
 def bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None,
         seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=0.0, causal=False,
-        window_left=-1, window_right=-1, softcap=0.0, deterministic=False, sinks=None):
-    """(dq, dk, dv, dsinks) = fa3::bwd(...); dsinks float32 [heads_q] with sinks, else empty."""
+        window_left=-1, window_right=-1, softcap=0.0, deterministic=False, sinks=None, dlse=None):
+    """(dq, dk, dv, dsinks) = fa3::bwd(...); dsinks float32 [heads_q] with sinks, else empty. dlse
+    (float32, softmax_lse's shape, contiguous): the loss's gradient w.r.t. softmax_lse, whose
+    gradient then joins dq / dk / dv (and dsinks)."""
     _require()
     return torch.ops.fa3.bwd.default(
         dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-        deterministic, sinks)
+        deterministic, sinks, dlse)
 
 
 def fwd_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None, rotary_cos=None,
@@ -225,7 +227,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
               seqused_q=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0, softmax_scale=0.0,
               causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False,
-              sinks=None):
+              sinks=None, dlse=None):
     heads_q = q.shape[-2] if sinks is not None else 0
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty((heads_q,), dtype=torch.float32))
@@ -236,9 +238,10 @@ def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, su_q, su_k, max_q, max_k, page_table, q_descale, k_descale, v_descale,
      scale, causal, wl, wr, softcap, num_splits, deterministic) = inputs[:20]  # (then block descales)
     out, lse = output
-    # LSE is returned for inspection and split-KV merging; its gradient is not propagated (as
-    # FlashAttention), so mark it so autograd never hands us a non-zero dLSE to ignore.
-    ctx.mark_non_differentiable(lse)
+    # LSE is differentiable (beyond FlashAttention, whose LSE is not): a loss that uses it (merging
+    # partial attentions by their LSEs, a z-loss) gets its gradient through fa3::bwd's dlse. An
+    # output nobody used arrives as None, not as zeros to read.
+    ctx.set_materialize_grads(False)
     ctx.paged = page_table is not None
     ctx.fp8 = q.dtype == torch.float8_e4m3fn
     sinks = inputs[25] if len(inputs) > 25 else None
@@ -247,7 +250,7 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
 
 
-def _fwd_backward(ctx, dout, _dlse):
+def _fwd_backward(ctx, dout, dlse):
     if ctx.paged:
         raise RuntimeError("fa3: the backward of a paged-KV forward (page_table) is not supported")
     if ctx.fp8:
@@ -257,9 +260,13 @@ def _fwd_backward(ctx, dout, _dlse):
     # fa3 reads dO through strides in 16-byte units with a contiguous head dim: a broadcast gradient
     # (from out.sum().backward()) has stride 0 there, a slice of a larger gradient (the backward of
     # torch.cat) odd strides and start; and q/k/v may be views the forward copied.
+    if dout is None:  # a loss through softmax_lse alone
+        dout = torch.zeros_like(out)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
     dout, q, k, v = (tma_layout(t) for t in (dout, q, k, v))
     dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, cu_q, cu_k, su_q, su_k, max_q, max_k, scale,
-                             causal, wl, wr, softcap, ctx.deterministic, sinks)
+                             causal, wl, wr, softcap, ctx.deterministic, sinks, dlse)
     return dq, dk, dv, (dsinks if sinks is not None else None)
 
 

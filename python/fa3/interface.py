@@ -77,7 +77,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal is bottom-right aligned;
     window_size = (left, right), -1 unbounded (causal sets right to 0, as FlashAttention-3). Returns out, or (out, softmax_lse) when
-    return_attn_probs (softmax_lse float32 [batch, heads, seqlen_q], not differentiable).
+    return_attn_probs (softmax_lse float32 [batch, heads, seqlen_q], differentiable: a loss that
+    uses it gets its gradient in q, k, v, as FlashAttention's does not).
     float8_e4m3fn q/k/v: q/k/v_descale as FlashAttention-3's (float32 [batch, heads_kv]), and
     (fa3) block descales float32 [batch, heads, blocks] per q_block_size / kv_block_size tokens,
     as quantize_fp8 returns them. learnable_sink: [heads_q] attention-sink logits (gpt-oss: one

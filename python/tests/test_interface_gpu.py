@@ -459,6 +459,33 @@ def test_sinks_forward_and_backward_match_float64(case):
         assert got is not None and rel_err(got, want) <= 1e-2, name
 
 
+@pytest.mark.parametrize("causal,with_sinks,use_out", [(False, False, True), (True, True, True), (True, False, False)])
+def test_lse_gradient_matches_float64(causal, with_sinks, use_out):
+    """softmax_lse is differentiable (FlashAttention's is not): a loss through out and LSE (merging
+    partial attentions, a z-loss), or LSE alone, gets every gradient as float64 autograd does."""
+    b, sq, sk, h, hkv, d = 2, 300, 400, 8, 2, 128
+    torch.manual_seed(21 + causal)
+    q = rand(b, sq, h, d, dtype=torch.bfloat16).requires_grad_()
+    k = rand(b, sk, hkv, d, dtype=torch.bfloat16).requires_grad_()
+    v = rand(b, sk, hkv, d, dtype=torch.bfloat16).requires_grad_()
+    sinks = torch.randn(h, device=DEV).requires_grad_() if with_sinks else None
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, learnable_sink=sinks, return_attn_probs=True)
+    assert lse.requires_grad
+    leaves = [q, k, v] + ([sinks] if with_sinks else [])
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref, ref_lse = ref_attention(*leaves64[:3], causal, sinks=leaves64[3] if with_sinks else None)
+    dout, dl = torch.randn_like(out), torch.randn_like(lse)
+    loss = (lse * dl).sum() + ((out.float() * dout).sum() if use_out else 0)
+    loss.backward()
+    loss64 = (ref_lse * dl.double()).sum() + ((ref * dout.double()).sum() if use_out else 0)
+    loss64.backward()
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), (t.grad for t in leaves), (t.grad for t in leaves64)):
+        if name == "dv" and not use_out:
+            assert got is None or got.abs().max() == 0, name  # LSE does not depend on V
+            continue
+        assert got is not None and rel_err(got, want) <= 1e-2, name
+
+
 def test_sinks_varlen_decode_and_compile():
     torch.manual_seed(14)
     lens = [0, 1, 17, 700]

@@ -91,12 +91,29 @@ def test_fp8_block_descales_and_quantize_schemas():
 
 
 @needs_lib
-def test_autograd_reaches_every_input_and_not_lse():
-    q, k, v = meta(2, 17, 8, 64, grad=True), meta(2, 40, 2, 64, grad=True), meta(2, 40, 2, 64, grad=True)
-    out, lse = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
-    assert out.requires_grad and not lse.requires_grad
-    out.sum().backward()
-    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+def test_autograd_reaches_every_input_through_out_and_lse(monkeypatch):
+    """softmax_lse is differentiable: fa3::bwd gets its gradient as dlse (None when the loss did not
+    use it, so the common backward reads nothing more), and a loss through LSE alone gets dO = 0."""
+    seen = []
+    real = _ops.bwd
+
+    def spy(*args):
+        seen.append((args[0], args[19]))  # (dout, dlse)
+        return real(*args)
+
+    monkeypatch.setattr(_ops, "bwd", spy)
+    for use_out, use_lse in [(True, False), (True, True), (False, True)]:
+        q, k, v = meta(2, 17, 8, 64, grad=True), meta(2, 40, 2, 64, grad=True), meta(2, 40, 2, 64, grad=True)
+        out, lse = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        assert out.requires_grad and lse.requires_grad
+        loss = (out.sum() if use_out else 0) + (lse.float().square().sum() if use_lse else 0)
+        loss.backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+        dout, dlse = seen.pop()
+        assert dout.shape == out.shape
+        assert (dlse is not None) == use_lse
+        if use_lse:
+            assert dlse.dtype == torch.float32 and dlse.shape == lse.shape and dlse.is_contiguous()
 
 
 @needs_lib

@@ -179,7 +179,7 @@ Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream, bool check_po
     const std::pair<const void*, const char*> ptrs[] = {{p->dout.data, "dout.data"}, {p->dq.data, "dq.data"},
                                                         {p->dk.data, "dk.data"},     {p->dv.data, "dv.data"},
                                                         {p->workspace, "workspace"},
-                                                        {p->dsinks, "dsinks"}};
+                                                        {p->dsinks, "dsinks"},       {p->dlse, "dlse"}};
     for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   }
   const FwdProblem f = make_problem(p->fwd);

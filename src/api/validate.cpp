@@ -605,6 +605,8 @@ Status validate_bwd(const fa3_bwd_params* p) {
   if (p->dsinks != nullptr && p->fwd.sinks == nullptr)
     return invalid("dsinks needs fwd.sinks (the sinks the forward used); got fwd.sinks NULL");
   FA3_TRY(check_sinks(p->dsinks, "dsinks"));
+  if (p->dlse != nullptr && !aligned(p->dlse, sizeof(float)))  // (laid out as lse: no strides of its own)
+    return invalid("dlse must be 4-byte aligned (float32, laid out as fwd.lse); got " + hex(p->dlse));
   FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
   return ok();
 }

@@ -50,6 +50,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.seqused_q = a.seqused_q;
   pp.total_q = a.total_q;
   pp.ws_rows = ws.rows;
+  pp.dlse = b.dlse;
   if (ws.seqlen_q_rounded > 0) {
     FA3_TRY((hopper::launch<bwd_preprocess_kernel<Elem, Cfg::kBlockM>>(dim3(m_blocks, a.heads_q, a.batch),
                                                                         kPrepostThreads, 0, stream, pp)));

@@ -96,6 +96,9 @@ struct BwdPrepostParams {
   const int* seqused_q;
   int total_q;
   BwdWorkspaceRows ws_rows;
+  // Optional: the loss's gradient w.r.t. the forward's LSE, laid out as `lse` (fa3_bwd_params.dlse);
+  // the preprocess takes it into D (D = rowsum(dO * O) - dLSE).
+  const float* dlse;
 };
 
 }  // namespace fa3::attn

@@ -131,9 +131,13 @@ __global__ void __launch_bounds__(kPrepostThreads) bwd_preprocess_kernel(const B
     if (chunk == 0 && rr < kBlockM) {
       float lse2 = INFINITY;
       if (r < seq.len) {
-        const float lse = p.lse[seq.lse(p, b, r, h)];
+        const int64_t at = seq.lse(p, b, r, h);
+        const float lse = p.lse[at];
         // A row without a visible key has LSE -inf (and O = 0): +inf makes its P exactly 0.
         if (lse != -INFINITY) lse2 = lse * 1.4426950408889634f;
+        // LSE's own gradient: dLSE_i / dS_ij = P_ij, so dS_ij = P_ij (dP_ij - D_i + dLSE_i), and the
+        // main kernel and the sinks' gradient need only D_i - dLSE_i.
+        if (p.dlse != nullptr) dot -= p.dlse[at];
       }
       p.lse2[block_row0 + rr] = lse2;
       p.delta[block_row0 + rr] = dot;

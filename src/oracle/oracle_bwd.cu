@@ -90,7 +90,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) oracle_dq_kernel(const Or
   float qr[kMaxDimPerLane], dor[kMaxDimPerLane], acc[kMaxDimPerLane];
   load_row(qr, static_cast<const T*>(a.q.data) + q_off(a, a.q, s, b, i, h), dq, lane);
   load_row(dor, static_cast<const T*>(args.b.dout.data) + q_off(a, args.b.dout, s, b, i, h), dv, lane);
-  const float delta = dot_row(dor, static_cast<const T*>(a.out.data) + q_off(a, a.out, s, b, i, h), dv, lane);
+  // D = rowsum(dO * O), less LSE's own gradient where the caller has one (dS = P (dP - D + dLSE)).
+  const float delta = dot_row(dor, static_cast<const T*>(a.out.data) + q_off(a, a.out, s, b, i, h), dv, lane) -
+                      (args.b.dlse != nullptr ? args.b.dlse[lse_off(a, s, b, h, i)] : 0.f);
   if (lane == 0) args.delta[lse_off(a, s, b, h, i)] = delta;
   const float lse = a.lse[lse_off(a, s, b, h, i)];
 #pragma unroll

@@ -418,7 +418,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
                                                OptTensor seqused_k, int64_t max_seqlen_q,
                                                int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               bool deterministic, OptTensor sinks) {
+                                               bool deterministic, OptTensor sinks, OptTensor dlse) {
   Problem p = make_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                            max_seqlen_k, std::nullopt, softmax_scale, causal, window_left,
                            window_right, softcap);
@@ -451,6 +451,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
                   p.varlen_q ? "[heads_q, total_q]" : "[batch, heads_q, seqlen_q]",
                   " as the forward returns it");
   b.fwd.lse = static_cast<float*>(softmax_lse.mutable_data_ptr());
+  if (dlse.has_value()) {  // LSE's own gradient (a loss that uses softmax_lse): laid out as softmax_lse
+    check_cuda(*dlse, "dlse", p.device);
+    FA3_TORCH_CHECK(dlse->scalar_type() == ScalarType::Float && dlse->is_contiguous() &&
+                        dlse->dim() == softmax_lse.dim() &&
+                        [&] {
+                          for (int64_t i = 0; i < softmax_lse.dim(); ++i)
+                            if (dlse->size(i) != softmax_lse.size(i)) return false;
+                          return true;
+                        }(),
+                    "dlse: expected contiguous float32 of softmax_lse's shape");
+    b.dlse = static_cast<const float*>(dlse->data_ptr());
+  }
 
   Tensor dq = torch::stable::empty_like(q);
   Tensor dk = torch::stable::empty_like(k);
@@ -571,7 +583,8 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
         "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
-        "bool deterministic=False, Tensor? sinks=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
+        "bool deterministic=False, Tensor? sinks=None, Tensor? dlse=None) "
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k_new=None, Tensor? v_new=None, "
         "Tensor? cache_seqlens=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=True, "
         "Tensor? page_table=None, int max_seqlen_k=0, float softmax_scale=0.0, bool causal=False, "

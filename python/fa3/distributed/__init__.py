@@ -76,7 +76,7 @@ def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     from :func:`shard` with the same ``layout``) over the whole sequence held by ``group``.
 
     Returns this rank's output shard [batch, seqlen_local, heads, head_dim_v] (and its LSE, float32
-    [batch, heads, seqlen_local], natural log, with ``return_lse``; not differentiable, as flash_attn_func's). Differentiable in q, k, v; the
+    [batch, heads, seqlen_local], natural log, with ``return_lse``; not differentiable, unlike flash_attn_func's). Differentiable in q, k, v; the
     backward is a ring of its own. GQA/MQA, softcap and fa3's head dims and dtypes (fp16/bf16) as
     in :func:`fa3.flash_attn_func`; sliding windows are not offered (a window spans shards).
     """
