@@ -16,7 +16,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _ops
+from . import _chunked, _ops
 
 __all__ = [
     "flash_attn_func",
@@ -33,11 +33,37 @@ def _not_supported(name: str, what: str = "not supported by fa3 yet") -> NotImpl
     return NotImplementedError(f"fa3: {name}: {what}")
 
 
-def _check_common(qv, attention_chunk) -> None:
+def _check_common(qv) -> None:
     if qv is not None:
         raise _not_supported("qv")
-    if attention_chunk not in (0, None):
-        raise _not_supported("attention_chunk", "chunked attention is not supported by fa3 yet")
+
+
+def _chunk(attention_chunk) -> int:
+    """attention_chunk as an int: 0 (or None) is no chunking."""
+    if attention_chunk in (0, None):
+        return 0
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int) or attention_chunk < 0:
+        raise ValueError(f"fa3: attention_chunk: expected an int >= 0 (0: none), got {attention_chunk!r}")
+    return attention_chunk
+
+
+def _chunked_attention(q, k, v, chunk, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       descales, kwargs):
+    """attention_chunk: one varlen call over the sequences cut into their chunks (_chunked.py).
+    Returns (out, lse) in the caller's layouts."""
+    packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
+    args = _chunked.chunked_varlen_args(q, k, chunk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    batch = cu_seqlens_q.shape[0] - 1 if packed_q else q.shape[0]
+    per_sequence = (args["cu_seqlens_q"].shape[0] - 1) // batch  # groups of each sequence
+    # FlashAttention-3's per-(batch, kv head) descales, per group (each sequence's groups in a row).
+    descales = [None if t is None else t.repeat_interleave(per_sequence, dim=0) for t in descales]
+    out, lse = _ops.fwd(_chunked.packed(q, packed_q), _chunked.packed(k, packed_k), _chunked.packed(v, packed_k),
+                        q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], **args, **kwargs)
+    if packed_q:
+        return out, lse
+    b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
+    return out.reshape(b, s_q, h, out.shape[-1]), lse.reshape(h, b, s_q).permute(1, 0, 2).contiguous()
 
 
 def _window(window_size, causal) -> Tuple[int, int]:
@@ -83,10 +109,24 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     (fa3) block descales float32 [batch, heads, blocks] per q_block_size / kv_block_size tokens,
     as quantize_fp8 returns them. learnable_sink: [heads_q] attention-sink logits (gpt-oss: one
     per head joining every row's softmax denominator, in the units of the scaled scores),
-    differentiable.
+    differentiable. attention_chunk > 0 (Llama 4's local layers, FlashAttention-3's semantics): a
+    query at position p sees only the keys j with j // chunk == p // chunk, within its causal mask
+    or window; run as one varlen call (fa3._chunked), forward and backward.
     """
-    _check_common(qv, attention_chunk)
+    _check_common(qv)
     wl, wr = _window(window_size, causal)
+    chunk = _chunk(attention_chunk)
+    # A chunk that holds every key changes nothing where no query sits before the first key (or
+    # a causal mask hides every key from those that do).
+    if chunk and not (chunk >= k.shape[1] and (causal or q.shape[1] <= k.shape[1])):
+        if q_block_descale is not None or k_block_descale is not None or v_block_descale is not None:
+            raise _not_supported("attention_chunk", "chunked attention with block descales")
+        out, lse = _chunked_attention(
+            q, k, v, chunk, None, None, q.shape[1], k.shape[1], (q_descale, k_descale, v_descale),
+            dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
+                 softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
+                 sinks=_sinks(learnable_sink)))
+        return (out, lse) if return_attn_probs else out
     if (q_block_descale is not None or k_block_descale is not None or v_block_descale is not None
             or learnable_sink is not None):
         out, lse = _ops.fwd(
@@ -117,13 +157,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens_q / cu_seqlens_k: int32 [batch + 1] cumulative lengths (either may be None: then
     that side is [batch, seqlen, heads, d]); seqused_q / seqused_k shorten each sequence.
     max_seqlen_q / max_seqlen_k are host ints (no device sync). softmax_lse: [heads, total_q].
-    learnable_sink: [heads_q] attention-sink logits, as flash_attn_func's.
+    learnable_sink: [heads_q] attention-sink logits, as flash_attn_func's; attention_chunk as
+    flash_attn_func's, each sequence chunked on its own (not with seqused_q / seqused_k).
     """
-    _check_common(qv, attention_chunk)
+    _check_common(qv)
     if cu_seqlens_q is None and cu_seqlens_k is None:
         raise ValueError("fa3: cu_seqlens_q / cu_seqlens_k: at least one is needed for the varlen "
                          "function (use flash_attn_func for fixed-length batches)")
     wl, wr = _window(window_size, causal)
+    chunk = _chunk(attention_chunk)
+    if chunk and not (chunk >= int(max_seqlen_k or 0) and causal):  # (as flash_attn_func's rule)
+        if seqused_q is not None or seqused_k is not None:
+            raise _not_supported("attention_chunk", "chunked attention with seqused_q / seqused_k")
+        out, lse = _chunked_attention(
+            q, k, v, chunk, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0),
+            (q_descale, k_descale, v_descale),
+            dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
+                 softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
+                 sinks=_sinks(learnable_sink)))
+        return (out, lse) if return_attn_probs else out
     out, lse = _ops.fwd(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
         seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0),
@@ -240,7 +292,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
     Not differentiable (as FlashAttention-3's).
     """
-    _check_common(qv, attention_chunk)
+    _check_common(qv)
+    if _chunk(attention_chunk):
+        raise _not_supported("attention_chunk", "chunked attention in flash_attn_with_kvcache")
     if cache_leftpad is not None:
         raise _not_supported("cache_leftpad")
     if cu_seqlens_k_new is not None and k is None:

@@ -16,9 +16,10 @@ skip_unless_hopper()
 DEV = "cuda"
 
 
-def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, sinks=None):
+def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, sinks=None, chunk=0):
     """float64 attention, BSHD, bottom-right causal/windows as fa3; rows without keys give 0.
-    sinks [h]: one more logit per row (no value), as gpt-oss. Returns (out, lse[b, h, s_q])."""
+    sinks [h]: one more logit per row (no value), as gpt-oss. chunk > 0: a query at position p sees
+    only keys j with j // chunk == p // chunk (attention_chunk). Returns (out, lse[b, h, s_q])."""
     q, k, v = q.double(), k.double(), v.double()
     g = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(g, dim=2)
@@ -38,6 +39,8 @@ def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=Non
         visible &= j >= i - left
     if right >= 0:
         visible &= j <= i + right
+    if chunk > 0:
+        visible &= torch.div(i, chunk, rounding_mode="floor") == torch.div(j, chunk, rounding_mode="floor")
     s = s.masked_fill(~visible, -math.inf)
     if sinks is not None:
         column = sinks.double().reshape(1, -1, 1, 1).expand(s.shape[0], -1, sq, 1)
@@ -47,6 +50,21 @@ def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=Non
     p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0)[..., None])
     p = torch.nan_to_num(p, nan=0.0)
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def _expect_float64_match(names, leaves, run, reference):
+    """run(*leaves) -> (out, lse) by fa3 against reference(*leaves in float64) -> (out, lse): out
+    and LSE, then each leaf's gradient for a random dO, within bf16's tolerance."""
+    out, lse = run(*leaves)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref, ref_lse = reference(*leaves64)
+    assert rel_err(out, ref) <= 1e-2
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for name, t, t64 in zip(names, leaves, leaves64):
+        assert t.grad is not None and rel_err(t.grad, t64.grad) <= 1e-2, name
 
 
 def rand(*shape, dtype):
@@ -446,17 +464,10 @@ def test_sinks_forward_and_backward_match_float64(case):
     k = rand(b, sk, hkv, d, dtype=torch.bfloat16).requires_grad_()
     v = rand(b, sk, hkv, d, dtype=torch.bfloat16).requires_grad_()
     sinks = torch.linspace(-2.0, 6.0, h, device=DEV).to(torch.bfloat16).requires_grad_()
-    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, learnable_sink=sinks, return_attn_probs=True)
-    q64, k64, v64, s64 = (t.detach().double().requires_grad_() for t in (q, k, v, sinks))
-    ref, ref_lse = ref_attention(q64, k64, v64, causal, sinks=s64)
-    assert rel_err(out, ref) <= 1e-2
-    assert torch.allclose(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
-    dout = torch.randn_like(out)
-    out.backward(dout)
-    ref.backward(dout.double())
-    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad),
-                            ("dsinks", sinks.grad, s64.grad)):
-        assert got is not None and rel_err(got, want) <= 1e-2, name
+    _expect_float64_match(
+        ("dq", "dk", "dv", "dsinks"), (q, k, v, sinks),
+        lambda q, k, v, s: fa3.flash_attn_func(q, k, v, causal=causal, learnable_sink=s, return_attn_probs=True),
+        lambda q, k, v, s: ref_attention(q, k, v, causal, sinks=s))
 
 
 @pytest.mark.parametrize("causal,with_sinks,use_out", [(False, False, True), (True, True, True), (True, False, False)])
@@ -484,6 +495,22 @@ def test_lse_gradient_matches_float64(causal, with_sinks, use_out):
             assert got is None or got.abs().max() == 0, name  # LSE does not depend on V
             continue
         assert got is not None and rel_err(got, want) <= 1e-2, name
+
+
+@pytest.mark.parametrize("s_q,s_k,chunk,causal", [(1000, 1000, 256, True), (300, 4097, 1024, True),
+                                                  (700, 700, 160, False)])
+def test_attention_chunk_forward_and_backward_match_float64(s_q, s_k, chunk, causal):
+    """attention_chunk (Llama 4's local layers) as one varlen call: out, LSE and every gradient
+    (FlashAttention-3 has no backward for it) against float64."""
+    torch.manual_seed(s_q + chunk)
+    b, h, hkv, d = 2, 8, 2, 128
+    q = rand(b, s_q, h, d, dtype=torch.bfloat16).requires_grad_()
+    k = rand(b, s_k, hkv, d, dtype=torch.bfloat16).requires_grad_()
+    v = rand(b, s_k, hkv, d, dtype=torch.bfloat16).requires_grad_()
+    _expect_float64_match(
+        ("dq", "dk", "dv"), (q, k, v),
+        lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal, attention_chunk=chunk, return_attn_probs=True),
+        lambda q, k, v: ref_attention(q, k, v, causal, chunk=chunk))
 
 
 def test_sinks_varlen_decode_and_compile():

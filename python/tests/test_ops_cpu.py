@@ -166,8 +166,6 @@ def test_unsupported_arguments_are_named():
     x = meta(1, 4, 2, 64)
     with pytest.raises(NotImplementedError, match="qv"):
         fa3.flash_attn_func(x, x, x, qv=x)
-    with pytest.raises(NotImplementedError, match="attention_chunk"):
-        fa3.flash_attn_func(x, x, x, attention_chunk=128)
     with pytest.raises(NotImplementedError, match="cache_leftpad"):
         fa3.flash_attn_with_kvcache(x, x, x, cache_leftpad=torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="num_heads_q"):
@@ -375,3 +373,129 @@ def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local)
     pos = 3 + torch.arange(s_q) if local else torch.full((s_q,), 3)
     want = interface._rotary(q, cos[pos][None], sin[pos][None], True)
     assert torch.equal(seen["q"], want)
+
+
+def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                     causal=False, window_left=-1, window_right=-1, softmax_scale=0.0, sinks=None, **kw):
+    """fa3::fwd on packed sequences in float64 (bottom-right masks per sequence, rows without a key:
+    O = 0, LSE = -inf or the sink), checking the caller's max_seqlen bounds as fa3's contract."""
+    assert cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32
+    assert cu_seqlens_q.shape == cu_seqlens_k.shape
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
+    scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
+    for s in range(cu_seqlens_q.shape[0] - 1):
+        q0, q1, k0, k1 = (int(x) for x in (cu_seqlens_q[s], cu_seqlens_q[s + 1], cu_seqlens_k[s], cu_seqlens_k[s + 1]))
+        assert 0 <= q1 - q0 <= max_seqlen_q and 0 <= k1 - k0 <= max_seqlen_k
+        if k1 == k0:  # a sequence without keys: O = 0, LSE = the sink or -inf
+            if sinks is not None:
+                lse[:, q0:q1] = sinks.double()[:, None]
+            continue
+        qs, ks, vs = q[q0:q1].double(), k[k0:k1].double(), v[k0:k1].double()
+        g = qs.shape[1] // ks.shape[1]
+        ks, vs = ks.repeat_interleave(g, 1), vs.repeat_interleave(g, 1)
+        sc = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        p = torch.arange(q1 - q0)[:, None] + (k1 - k0) - (q1 - q0)
+        j = torch.arange(k1 - k0)[None, :]
+        hidden = torch.zeros_like(p + j, dtype=torch.bool)
+        if window_right >= 0:
+            hidden |= j > p + window_right
+        if window_left >= 0:
+            hidden |= j < p - window_left
+        sc = sc.masked_fill(hidden, -math.inf)
+        if sinks is not None:
+            sc = torch.cat([sc, sinks.double()[:, None, None].expand(-1, q1 - q0, 1)], -1)
+        m = sc.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+        e = (sc - m).exp()
+        denom = e.sum(-1, keepdim=True)
+        w = (e / denom.clamp(min=1e-300))[..., :k1 - k0]
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", w, vs)
+        lse[:, q0:q1] = (denom.squeeze(-1).log() + m.squeeze(-1))
+    return out.to(q.dtype), lse.float()
+
+
+def _chunked_f64(q, k, v, chunk, causal, window, sinks=None):
+    """FlashAttention-3's attention_chunk on fixed-length [b, s, h, d] tensors, in float64: a query
+    at position p (bottom-right) sees the keys j with j // chunk == p // chunk, within its mask."""
+    b, s_q, s_k = q.shape[0], q.shape[1], k.shape[1]
+    left, right = window
+    if causal:
+        right = 0
+    p = torch.arange(s_q)[:, None] + s_k - s_q
+    j = torch.arange(s_k)[None, :]
+    visible = torch.div(p, chunk, rounding_mode="floor") == torch.div(j, chunk, rounding_mode="floor")
+    if right >= 0:
+        visible &= j <= p + right
+    if left >= 0:
+        visible &= j >= p - left
+    g = q.shape[2] // k.shape[2]
+    kk, vv = k.double().repeat_interleave(g, 2), v.double().repeat_interleave(g, 2)
+    sc = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) / math.sqrt(q.shape[-1])
+    sc = sc.masked_fill(~visible, -math.inf)
+    if sinks is not None:
+        sc = torch.cat([sc, sinks.double()[None, :, None, None].expand(b, -1, s_q, 1)], -1)
+    lse = torch.logsumexp(sc, -1)
+    w = (sc - lse[..., None].nan_to_num(neginf=0.0)).exp().nan_to_num(0.0)[..., :s_k]
+    return torch.einsum("bhqk,bkhd->bqhd", w, vv), lse
+
+
+@pytest.mark.parametrize("s_q,s_k,chunk,causal,window,hkv", [
+    (16, 16, 4, True, (-1, -1), 2),    # a prefill: four chunks
+    (5, 18, 4, True, (-1, -1), 1),     # queries crossing a chunk boundary, MQA
+    (20, 13, 4, False, (-1, -1), 2),   # queries before the first key (they see nothing), not causal
+    (9, 9, 4, False, (2, 1), 4),       # a window inside the chunks
+    (7, 12, 5, True, (3, -1), 2),      # a window and causal, keys not a multiple of the chunk
+    (6, 6, 8, False, (-1, -1), 2),     # one chunk holds every key: the plain call
+])
+def test_attention_chunk_matches_its_definition(monkeypatch, s_q, s_k, chunk, causal, window, hkv):
+    monkeypatch.setattr(_ops, "fwd", _varlen_stand_in)
+    monkeypatch.setattr(_ops, "available", lambda: True)
+    torch.manual_seed(s_q * 31 + s_k)
+    b, h, d = 3, 4, 8
+    q, k, v = torch.randn(b, s_q, h, d), torch.randn(b, s_k, hkv, d), torch.randn(b, s_k, hkv, d)
+    sinks = torch.randn(h) if s_q == 20 else None
+    if chunk >= s_k and (causal or s_q <= s_k):  # the plain call: a stand-in that takes dense tensors
+        seen = []
+        monkeypatch.setattr(_ops, "fwd", lambda *a, **kw: seen.append(kw.get("cu_seqlens_q")) or
+                            (torch.zeros(b, s_q, h, d), torch.zeros(b, h, s_q)))
+        fa3.flash_attn_func(q, k, v, causal=causal, window_size=window, attention_chunk=chunk)
+        assert seen == [None]
+        return
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, window_size=window, attention_chunk=chunk,
+                                   learnable_sink=sinks, return_attn_probs=True)
+    ref, ref_lse = _chunked_f64(q, k, v, chunk, causal, window, sinks)
+    assert out.shape == ref.shape and lse.shape == ref_lse.shape and lse.is_contiguous()
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse.double()[finite], ref_lse[finite], atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_chunk_on_packed_sequences(monkeypatch, causal):
+    """flash_attn_varlen_func: each sequence chunked on its own (lengths read on the device)."""
+    monkeypatch.setattr(_ops, "fwd", _varlen_stand_in)
+    torch.manual_seed(4)
+    lens_q, lens_k, chunk, h, d = [5, 0, 12, 9], [9, 3, 12, 4], 4, 2, 8
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32)
+    q, k, v = torch.randn(sum(lens_q), h, d), torch.randn(sum(lens_k), h, d), torch.randn(sum(lens_k), h, d)
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                          attention_chunk=chunk, return_attn_probs=True)
+    for s in range(len(lens_q)):
+        q0, q1, k0, k1 = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+        if q1 == q0:
+            continue
+        ref, ref_lse = _chunked_f64(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], chunk, causal, (-1, -1))
+        assert torch.allclose(out[q0:q1].double(), ref[0], atol=1e-5), s
+        finite = torch.isfinite(ref_lse[0])
+        assert torch.allclose(lse[:, q0:q1].double()[finite], ref_lse[0][finite], atol=1e-5), s
+
+
+def test_attention_chunk_arguments():
+    q = torch.zeros(1, 4, 2, 8)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="attention_chunk"):
+            fa3.flash_attn_func(q, q, q, attention_chunk=bad)
+    with pytest.raises(NotImplementedError, match="attention_chunk"):
+        fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=2)
