@@ -75,6 +75,13 @@ _load()
 TMA_BYTES = 16  # fa3 moves head-dim rows and strides in 16-byte units (TMA)
 
 
+def start_offset(t: torch.Tensor) -> int:
+    """Where t starts, for alignment checks: its address, or, for a tensor traced by torch.compile
+    (FakeTensor, FunctionalTensor: no data pointer) or another subclass, its storage offset in bytes
+    (PyTorch's allocator hands out 512-byte aligned storage)."""
+    return t.data_ptr() if type(t) is torch.Tensor else t.storage_offset() * t.element_size()
+
+
 def tma_layout(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """t itself when fa3 can read it in place, else a contiguous copy.
 
@@ -86,11 +93,11 @@ def tma_layout(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None
     multiple = TMA_BYTES // t.element_size()
     if ((t.size(-1) <= 1 or t.stride(-1) == 1) and all(s % multiple == 0 for s in t.stride()[:-1])
-            and t.data_ptr() % TMA_BYTES == 0):
+            and start_offset(t) % TMA_BYTES == 0):
         return t
     c = t.contiguous()
     # A contiguous tensor at an unaligned address comes back as itself: copy it.
-    return c if c.data_ptr() % TMA_BYTES == 0 else c.clone()
+    return c if start_offset(c) % TMA_BYTES == 0 else c.clone()
 
 
 def window(left, right, causal):

@@ -400,7 +400,7 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out
             and d % 4 == 0 and d <= 256 and dtype in _ops.COMBINE_DTYPES):
         lead = out_partial.shape[1:-2]  # [..., heads] -> [batch = prod(...), 1, heads]
         op = out_partial.float().reshape(splits, -1, 1, out_partial.shape[-2], d)
-        if op.stride(-1) != 1 or any(st % 4 for st in op.stride()[:-1]) or op.data_ptr() % 16:
+        if op.stride(-1) != 1 or any(st % 4 for st in op.stride()[:-1]) or _ops.start_offset(op) % 16:
             op = op.contiguous()
         lp = lse_partial.float().reshape(splits, op.shape[1], 1, op.shape[3])
         merged, lse = _ops.combine(op, lp, dtype)

@@ -155,6 +155,29 @@ def test_compile_has_no_graph_break_and_export_works():
     assert any("fa3.fwd" in str(n.target) for n in ep.graph.nodes)
 
 
+def test_compiled_backward_traces_the_layout_checks():
+    """torch.compile traces fa3's backward with FakeTensors, which have no data pointer: the
+    layout check (tma_layout) reads their storage offset instead (it raised on the GPU, where only
+    the compiled tests reached it)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        view = torch.empty(2, 16, 4, 68, dtype=BF16)[..., 4:]
+        assert _ops.tma_layout(view).is_contiguous()
+        dense = torch.empty(2, 16, 4, 64, dtype=BF16)
+        assert _ops.tma_layout(dense) is dense
+        shifted = torch.empty(2 * 16 * 4 * 64 + 4, dtype=BF16)[4:].view(2, 16, 4, 64)
+        assert _ops.start_offset(_ops.tma_layout(shifted)) % 16 == 0
+
+    def f(q, k, v):
+        out, lse = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        return out.float().sum() + lse.sum()
+
+    q, k, v = meta(2, 17, 8, 64, grad=True), meta(2, 33, 2, 64, grad=True), meta(2, 33, 2, 64, grad=True)
+    torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v).backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
 @needs_lib
 def test_cpu_tensors_get_a_clear_error():
     x = torch.randn(1, 4, 2, 8)
