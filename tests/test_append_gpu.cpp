@@ -336,6 +336,14 @@ TEST(AppendGpu, AppendAndRotaryAgainstCpu) {
     c.page_size = 0;
     c.capacity = 300;
     cases.push_back(c);
+    c.append = true;  // pages of one row (SGLang's) and of 5: gathered row by row (kv_gather.cuh)
+    c.page_size = 1;
+    c.capacity = 300;
+    cases.push_back(c);
+    c.page_size = 5;
+    c.seqlen_new = 3;
+    c.q_lens = {3, 1, 4};
+    cases.push_back(c);
   }
   {
     AppendCase c;  // no new keys: Q rotated alone, then cache_seqlens alone (seqused_k by another name)

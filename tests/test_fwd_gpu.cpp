@@ -824,12 +824,13 @@ TEST(FwdGpu, SequsedOnHopper) {
 
 // A paged cache (shuffled pages, keys per sequence as seqused_k) on the Hopper kernel: page sizes
 // below, equal to and above each tile's key block (boxes of gcd(kBlockN, page_size) rows: 16 for
-// kBlockN 80 / 112, up to 128), partial last pages, every head dim's tile, masks, GQA, softcap,
-// packed queries, sequences without keys.
+// kBlockN 80 / 112, up to 128), and pages that are not a multiple of 16 rows (gathered row by row:
+// 1, 8, 24, 100 — above the 64- and 80-key blocks), partial last pages, every head dim's tile,
+// masks, GQA, softcap, packed queries, sequences without keys.
 TEST(FwdGpu, PagedOnHopper) {
   FA3_REQUIRE_GPU();
   int n = 0;
-  for (int page : {16, 32, 48, 64, 128, 256, 512})
+  for (int page : {16, 32, 48, 64, 128, 256, 512, 1, 8, 24, 100})
     for (auto [dqk, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{256, 256}, std::pair{192, 128}}) {
       FwdCase c;
       c.batch = 3;
@@ -849,7 +850,7 @@ TEST(FwdGpu, PagedOnHopper) {
       run_fwd_case(c);
     }
   // Packed queries with a paged cache (chunked prefill), and sequences without keys.
-  for (int page : {16, 256}) {
+  for (int page : {16, 256, 1, 7}) {
     FwdCase c;
     c.batch = 4;
     c.page_size = page;
@@ -862,7 +863,7 @@ TEST(FwdGpu, PagedOnHopper) {
     run_fwd_case(c);
   }
   // Fixed lengths (no seqused_k: the fixed-length kernels), every page full but the last.
-  for (int page : {16, 64}) {
+  for (int page : {16, 64, 3}) {
     FwdCase c;
     c.batch = 2;
     c.page_size = page;
@@ -1063,16 +1064,16 @@ TEST(FwdGpu, DecodeSplitsAgreeWithOneSplit) {
 // Serving's call: packed query lengths (0 among them), a paged cache with random keys per sequence
 // (seqused_k), pages of 16 and 256, GQA 32:8, causal (speculative decoding) and not, guard rows.
 // Pages of 48 (three 16-row boxes a page, so a key block's boxes cross pages mid-block) and 32 on
-// the d256 and d64 decode tiles (64- and 128-key blocks).
+// the d256 and d64 decode tiles (64- and 128-key blocks); gathered pages of 1 (d256) and 12 (d64).
 TEST(FwdGpu, DecodePagedVarlen) {
   FA3_REQUIRE_GPU();
   int n = 0;
-  for (int page : {16, 256, 64, 48, 32})
+  for (int page : {16, 256, 64, 48, 32, 1, 12})
     for (bool causal : {false, true}) {
       FwdCase c;
       c.batch = 5;
       c.page_size = page;
-      c.head_dim = page == 48 ? 256 : page == 32 ? 64 : 128;
+      c.head_dim = page == 48 || page == 1 ? 256 : page == 32 || page == 12 ? 64 : 128;
       c.varlen_q = {1, 4, 0, 3, 1};
       c.varlen_k = {1000, 4, 37, 0, 2049};
       c.heads_q = 32;
@@ -1632,7 +1633,8 @@ TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
   c.batch = 2;
   c.varlen_q = {100, 3};
   c.varlen_k = {50, 260};
-  c.page_size = 24;  // paged K/V with pages that are not a multiple of 16 rows
+  c.dtype = FA3_DTYPE_E4M3;
+  c.page_size = 24;  // e4m3 K/V in pages that are not a multiple of 16 rows (the 16-bit kernels gather them)
   EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
   run_fwd_case(c, false);
   c = FwdCase();

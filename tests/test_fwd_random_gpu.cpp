@@ -163,7 +163,9 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
   // A paged cache (the keys per sequence as seqused_k) where the keys are not packed; with packed
   // queries too (a serving engine's chunked prefill: cu_seqlens_q, page table, seqused_k).
   if (c.varlen_k.empty() && (c.seqused_k.empty() || rows == Rows::kPackedQDenseK) && g.chance(0.2)) {
-    c.page_size = g.pick<int>({{16, 2}, {32, 1}, {48, 0.5}, {64, 1}, {128, 1}, {256, 1}});
+    // (Pages that are not a multiple of 16 rows are gathered row by row: kv_gather.cuh.)
+    c.page_size = g.pick<int>({{16, 2}, {32, 1}, {48, 0.5}, {64, 1}, {128, 1}, {256, 1}, {1, 0.7}, {5, 0.3},
+                               {8, 0.5}, {24, 0.3}, {100, 0.3}});
     if (g.chance(0.7)) c.seqused_k = used(std::vector<int>(c.batch, c.seqlen_k));
   }
 
@@ -206,6 +208,7 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
   // 16-byte rows, as validation asks of one-byte elements).
   if (c.head_dim % 16 == 0 && c.head_dim_v % 16 == 0 && c.layout == Layout::kBSHD && g.chance(0.12)) {
     c.dtype = FA3_DTYPE_E4M3;
+    if (c.page_size % 16 != 0) c.page_size = 16;  // (gathered pages: 16-bit kernels only)
     c.softcap = 0.f;
     c.key_growth = 0.f;
     if (g.chance(0.5)) {  // block descales (the WithBlockDescales kernels)
@@ -385,6 +388,7 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     if (c.softcap > 0) ++covered["softcap"];
     if (c.page_size > 0) ++covered["paged"];
     if (c.page_size > 0 && !c.varlen_q.empty()) ++covered["paged, packed queries"];
+    if (c.page_size % 16 != 0) ++covered["paged, gathered pages"];
     if (c.dtype == FA3_DTYPE_E4M3) ++covered["e4m3"];
     if (c.dtype == FA3_DTYPE_E4M3 && (c.q_block > 0 || c.kv_block > 0)) ++covered["e4m3 block descales"];
     if (c.sinks) ++covered["sinks"];
@@ -422,7 +426,8 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
   // A full run draws every feature (each has a chance of >= ~1 in 60): a generator change that
   // stops drawing one fails here instead of passing without it.
   if (!single && run >= 1000 && failures == 0)
-    for (const char* what : {"softcap", "paged", "paged, packed queries", "workspace (decode path)", "d_qk != d_v",
+    for (const char* what : {"softcap", "paged", "paged, packed queries", "paged, gathered pages",
+                             "workspace (decode path)", "d_qk != d_v",
                              "causal", "window", "guard rows", "gqa/mqa", "e4m3", "e4m3 block descales", "sinks"})
       EXPECT_GT(covered[what], 0) << "no random case drew " << what;
 }

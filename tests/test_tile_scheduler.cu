@@ -12,6 +12,7 @@
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_prepost.cuh"
 #include "src/attention/fwd_config.h"
+#include "src/attention/kv_gather.cuh"
 #include "src/hopper/wgmma.cuh"
 #include "src/attention/split_plan.h"
 #include "src/attention/tile_rows.cuh"
@@ -464,6 +465,70 @@ TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
   check_v_transpose<Fp8Tile<TileConfig<128, 192, 64, 2, false>>>();  // tuning variants (bench/tune_d128.cu)
   check_v_transpose<Fp8Tile<TileConfig<128, 128, 192, 2, false>>>();  // a 128-key part and a 64-key part
   check_v_transpose<Fp8Tile<TileConfig<64, 128, 256, 2, false>>>();   // two 128-key parts
+}
+
+// The gather path's lane map (kv_gather.cuh) on the CPU, walked as KvGather::gather_block walks it:
+// every (row, 16-byte chunk) of a K or V stage written exactly once at its swizzled offset, each
+// pass's row offset taken from the lane that looked that row up, in the slot (register) the pass's
+// group holds, every row of the block looked up once, and each warp instruction's 32 lanes reading
+// four whole 128-byte row segments.
+template <class Cfg>
+void check_gather_lanes() {
+  using Lanes = GatherLanes<Cfg::kBlockN>;
+  for (int cols : {Cfg::kHeadDim, Cfg::kHeadDimV}) {
+    const int panels = (cols + 63) / 64;
+    std::vector<int> written(size_t(Cfg::kBlockN) * panels * 8, 0), looked_up(Cfg::kBlockN, 0);
+    std::vector<int> offsets;
+    for (int j = 0; j < Lanes::kOwned; ++j) {
+      for (int lane = 0; lane < 32; ++lane)
+        if (Lanes::owned_row(lane, j) < Cfg::kBlockN) ++looked_up[Lanes::owned_row(lane, j)];
+      for (int i = 8 * j; i < 8 * j + 8 && i < Lanes::kPasses; ++i) {
+        ASSERT_EQ(Lanes::owner_slot(i), j) << "pass " << i;
+        for (int pn = 0; pn < panels; ++pn) {
+          std::vector<int> segment_chunks(Cfg::kBlockN, 0);
+          for (int lane = 0; lane < 32; ++lane) {
+            const int row = Lanes::row(lane, i), col = 64 * pn + 8 * Lanes::chunk(lane);
+            ASSERT_LT(row, Cfg::kBlockN);
+            ASSERT_EQ(Lanes::owned_row(Lanes::owner_lane(lane, i), Lanes::owner_slot(i)), row) << "pass " << i;
+            if (col >= cols) continue;
+            ++written[(size_t(row) * panels + pn) * 8 + Lanes::chunk(lane)];
+            ++segment_chunks[row];
+            const uint32_t at = hopper::swizzled_offset<2>(row, col, Cfg::kBlockN);
+            ASSERT_LT(at, uint32_t(hopper::SmemTile16<Cfg::kBlockN, 64>::kPanelBytes * panels));
+            offsets.push_back(int(at));
+          }
+          int rows_read = 0;
+          for (int n : segment_chunks) {
+            if (n == 0) continue;
+            ++rows_read;
+            EXPECT_EQ(n, std::min(8, (cols - 64 * pn) / 8)) << "a row's chunks split over instructions";
+          }
+          EXPECT_EQ(rows_read, 4);
+        }
+      }
+    }
+    for (int row = 0; row < Cfg::kBlockN; ++row) {
+      ASSERT_EQ(looked_up[row], 1) << "row " << row;
+      for (int pn = 0; pn < panels; ++pn)
+        for (int c = 0; c < 8; ++c)
+          ASSERT_EQ(written[(size_t(row) * panels + pn) * 8 + c], 64 * pn + 8 * c < cols ? 1 : 0)
+              << "row " << row << " panel " << pn << " chunk " << c;
+    }
+    std::sort(offsets.begin(), offsets.end());
+    EXPECT_EQ(std::adjacent_find(offsets.begin(), offsets.end()), offsets.end()) << "two chunks at one offset";
+  }
+}
+
+TEST(KvGather, LaneMapCoversEveryStage) {
+  // Every 16-bit product tile's key block (64, 80, 112, 128 keys) and head dims (fwd_config.h).
+  check_gather_lanes<FwdConfig<64, false>>();
+  check_gather_lanes<FwdConfig<96, true>>();   // 112 keys, 96 columns: a half-used panel
+  check_gather_lanes<FwdConfig<128, true>>();  // 80 keys
+  check_gather_lanes<FwdConfig<256, false>>();
+  check_gather_lanes<FwdConfig<256, true>>();
+  check_gather_lanes<FwdConfigQkV<192, 128>>();
+  check_gather_lanes<FwdSplitConfig<64>>();
+  check_gather_lanes<FwdSplitConfig<256>>();
 }
 
 }  // namespace

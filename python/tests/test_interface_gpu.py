@@ -174,21 +174,21 @@ def _logical(cache, page_table):
     return cache if page_table is None else cache[page_table.long()].flatten(1, 2)
 
 
-@pytest.mark.parametrize("paged,interleaved,s_new", [(False, False, 1), (True, False, 1), (False, True, 3),
-                                                     (True, True, 2)])
-def test_kvcache_append_and_rotary(paged, interleaved, s_new):
+@pytest.mark.parametrize("page,interleaved,s_new", [(0, False, 1), (64, False, 1), (0, True, 3), (64, True, 2),
+                                                    (1, False, 1), (8, True, 2)])
+def test_kvcache_append_and_rotary(page, interleaved, s_new):
     """The append and rotary in fa3's call (fa3::fwd_kvcache): the cache bit for bit as PyTorch's
     rotary makes it (fp32 products, one rounding), the rest of the cache untouched, the attention of
-    the rotated queries vs float64."""
+    the rotated queries vs float64. Pages of 1 and 8 rows are gathered row by row by the kernel."""
     torch.manual_seed(5)
-    b, h, hkv, d, cache_len, page = 3, 8, 2, 128, 512, 64
+    b, h, hkv, d, cache_len = 3, 8, 2, 128, 512
     lens = torch.tensor([0, 100, 400], dtype=torch.int32, device=DEV)
     k_full, v_full = rand(b, cache_len, hkv, d, dtype=torch.bfloat16), rand(b, cache_len, hkv, d, dtype=torch.bfloat16)
     k_new, v_new = rand(b, s_new, hkv, d, dtype=torch.bfloat16), rand(b, s_new, hkv, d, dtype=torch.bfloat16)
     q = rand(b, s_new, h, d, dtype=torch.bfloat16)
     theta = torch.rand(cache_len, d // 4, device=DEV) * 6
     cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)  # in q's dtype, as FA3 asks
-    page_table, k_cache, v_cache = _cache_of(k_full, v_full, page if paged else 0)
+    page_table, k_cache, v_cache = _cache_of(k_full, v_full, page)
     out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                       cache_seqlens=lens, page_table=page_table, causal=True,
                                       rotary_interleaved=interleaved)

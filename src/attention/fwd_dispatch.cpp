@@ -29,8 +29,11 @@ const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
   if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f) return "fp8 inputs with softcap";
   // Paged KV: a key block is loaded in boxes of gcd(kBlockN, page_size) rows, which must keep the
-  // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128).
-  if (f.paged && p.page_size % 16 != 0) return "paged KV with a page size that is not a multiple of 16";
+  // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128). Other
+  // page sizes are gathered row by row by two producer warps (kv_gather.cuh), which the e4m3
+  // kernels use to transpose V.
+  if (f.paged && p.page_size % 16 != 0 && p.dtype == FA3_DTYPE_E4M3)
+    return "fp8 inputs with a paged KV page size that is not a multiple of 16";
   if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
   return nullptr;
 }
@@ -66,7 +69,7 @@ struct Describe {
 template <int kHeadDim>
 bool use_alt_tile_for(const FwdProblem& f, bool masked) {
   using attn::FwdConfig;
-  if (f.paged) {
+  if (f.paged && f.p->page_size % 16 == 0) {  // (gathered pages have no boxes)
     const int alt = std::gcd(FwdConfig<kHeadDim, true>::kBlockN, f.p->page_size);
     const int first = std::gcd(FwdConfig<kHeadDim, false>::kBlockN, f.p->page_size);
     if (alt != first) return alt > first;

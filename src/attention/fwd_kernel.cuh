@@ -1,5 +1,6 @@
 // The forward kernel's shell: one producer warpgroup (a TMA warp, or two for paged caches' small
-// boxes; with e4m3 operands three more warps that transpose V) and kBlockM/64 consumer warpgroups,
+// boxes, and two gather warps for pages that are not a multiple of 16 rows; with e4m3 operands
+// three more warps that transpose V) and kBlockM/64 consumer warpgroups,
 // persistent over tiles; registers move from the producer to the consumers.
 #pragma once
 #include "src/attention/consumer.cuh"
@@ -8,6 +9,7 @@
 #include "src/attention/fwd_launch_shape.cuh"
 #include "src/attention/fwd_params.h"
 #include "src/attention/fwd_smem.cuh"
+#include "src/attention/kv_gather.cuh"
 #include "src/attention/mainloop_load.cuh"
 #include "src/attention/v_transpose.cuh"
 
@@ -21,12 +23,19 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   auto& bars = smem.bars();
   if (threadIdx.x == 0) {
     bars.q.init(Shape::kConsumers * hopper::kWarpgroupSize);  // every consumer thread releases Q (consumer.cuh)
-    bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers);
     if constexpr (Shape::kTransposeV) {
+      bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers);
       bars.v.init(VTranspose<Cfg>::kThreads);  // V's readers are the transposer's threads,
       bars.vt.init(Shape::kConsumers, VTranspose<Cfg>::kThreads);  // V^T's writers too
     } else {
-      bars.v.init(Shape::kConsumers);
+      // A gathered stage is complete when each lane of its gather warp has arrived (kv_gather.cuh).
+      const uint32_t fillers = p.page_gather ? hopper::kWarpSize : 1;
+      bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers, fillers);
+      bars.v.init(Shape::kConsumers, fillers);
+      for (int s = 0; s < Cfg::kStages; ++s) {
+        hopper::mbarrier_init(&bars.posted.k[s], 1);
+        hopper::mbarrier_init(&bars.posted.v[s], 1);
+      }
     }
     hopper::mbarrier_init_fence();
   }
@@ -49,9 +58,13 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
       // rows, one page a block) 2-8% slower at 4k.
       // (One call site: a second inlined copy of the walk made ptxas spill, in the producer and in
       // the consumers.)
+      // Pages that are not a multiple of 16 rows: warps 2 and 3 gather the K and V rows the walkers
+      // post (kv_gather.cuh).
       const bool split = p.page_table != nullptr && p.page_size < Cfg::kBlockN;
       if (warp == 0 || (warp == 1 && split))
         MainloopLoad<Cfg, Feat>{p, smem}.run(warp == 1 ? LoadRole::kV : split ? LoadRole::kQk : LoadRole::kAll);
+      else if (warp >= 2 && p.page_gather)
+        KvGather<Cfg>{p, smem}.run(warp == 2);
     }
     return;
   }

@@ -50,7 +50,7 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
   const auto kv_promotion = Feat::kSplit ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   if (f.paged) {
     // [num_pages][page_size][heads_kv][d], boxes of gcd(kBlockN, page_size) rows (mainloop_load.cuh;
-    // the dispatch takes page sizes that are multiples of 16, so a box is >= 16 rows).
+    // read where page sizes are multiples of 16, so that a box is >= 16 rows).
     const int box = std::gcd(Cfg::kBlockN, a.page_size);
     FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, a.page_size, a.heads_kv, a.num_pages, box, 1, kv_promotion));
     FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, a.page_size, a.heads_kv, a.num_pages, box, 1, kv_promotion));
@@ -58,6 +58,18 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     p.page_table_batch_stride = a.page_table_batch_stride;
     p.page_size = a.page_size;
     p.page_box_rows = box;
+    // Pages that are not a multiple of 16 rows are gathered row by row (kv_gather.cuh; 16-bit
+    // kernels only: the dispatch keeps e4m3 on the reference kernel); the maps above stay valid
+    // (the producer prefetches them) but are not read.
+    if constexpr (kDtype != FA3_DTYPE_E4M3) {
+      if (a.page_size % 16 != 0) {
+        p.page_gather = true;
+        p.k_pages = a.k.data;
+        p.v_pages = a.v.data;
+        p.k_page_stride = a.k.batch_stride, p.k_row_stride = a.k.row_stride, p.k_head_stride = a.k.head_stride;
+        p.v_page_stride = a.v.batch_stride, p.v_row_stride = a.v.row_stride, p.v_head_stride = a.v.head_stride;
+      }
+    }
   } else {
     FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN, 1, kv_promotion));
     FA3_TRY(make_bshd_map(&p.tma_v, "v", dtype, a.v, dv, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN, 1, kv_promotion));

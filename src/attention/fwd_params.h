@@ -70,6 +70,16 @@ struct FwdKernelParams {
   // Learnable attention sinks (fa3_fwd_params.sinks): float32 [heads_q] or null; joined once per
   // row after its last key block (sink.cuh), by the combine kernel when a decode is split.
   const float* sinks;
+
+  // Paged caches whose pages are not a multiple of 16 rows (16-bit kernels): K/V rows gathered by
+  // cp.async from the cache itself (kv_gather.cuh), not through the tensor maps; element pointers
+  // and strides as the API's (a page is a batch entry). Kept last, so that the fields above keep
+  // their offsets in every kernel.
+  bool page_gather;
+  const void* k_pages;
+  const void* v_pages;
+  int64_t k_page_stride, k_row_stride, k_head_stride;
+  int64_t v_page_stride, v_row_stride, v_head_stride;
 };
 
 }  // namespace fa3::attn

@@ -34,6 +34,16 @@ struct KeyBlockFactorSlots<kStages, true> {
   float4 k_factors[kStages];
 };
 
+// The gather path of the 16-bit kernels (kv_gather.cuh, pages that are not a multiple of 16 rows):
+// per K and V stage, the barrier on which the walker posts a stage's request to its gather warp.
+// The e4m3 kernels have none (an empty member).
+template <int kStages, bool kGather>
+struct GatherPosts {};
+template <int kStages>
+struct GatherPosts<kStages, true> {
+  uint64_t k[kStages], v[kStages];
+};
+
 template <class Cfg>
 struct FwdSmem {
   // Q and K have head_dim_qk columns, V and O head_dim_v (TileConfig::kHeadDimV). O is staged for
@@ -54,9 +64,11 @@ struct FwdSmem {
   static constexpr int kOBytes = OTile::kBytes;
   // Q is double-buffered when it fits, so the next tile's Q loads while this tile still runs
   // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
-  // (+1024 alignment slack, +256 an upper bound of the barriers, whose size depends on kQStages)
+  // (+1024 alignment slack, +kBarrierBound an upper bound of the barriers, whose size depends on
+  // kQStages: checked below)
+  static constexpr int kBarrierBound = 320;
   static constexpr int kBytesWithoutQ =
-      Cfg::kStages * (kKBytes + kVBytes + kVtBytes) + (Cfg::kOInKV ? 0 : kOBytes) + 1024 + 256;
+      Cfg::kStages * (kKBytes + kVBytes + kVtBytes) + (Cfg::kOInKV ? 0 : kOBytes) + 1024 + kBarrierBound;
   static constexpr int kQStages = kBytesWithoutQ + 2 * kQBytes <= 227 * 1024 ? 2 : 1;
   // kOInKV: one warpgroup's 64 rows of O (panels of 64 rows) fit in a K or a V stage.
   static_assert(!Cfg::kOInKV || (Cfg::kBlockN >= 64 && Cfg::kBlockM == 128 && Cfg::kHeadDimV == Cfg::kHeadDim),
@@ -99,7 +111,9 @@ struct FwdSmem {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;
     TileNote note[kQStages];
+    GatherPosts<Cfg::kStages, !kTransposeV> posted;
   };
+  static_assert(sizeof(Barriers) <= kBarrierBound, "the barriers outgrew the bound kQStages assumes");
   // Dynamic smem to request: the layout plus slack to round the base up to 1024 bytes.
   static constexpr int kBytes = kOffBarriers + sizeof(Barriers) + 1024;
   static_assert(kBytes <= 227 * 1024, "forward tile configuration exceeds 227 KB of shared memory");

@@ -65,17 +65,47 @@ struct MainloopLoad {
     hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], Tile::kBytes);
     return (smem.*buffer)(st.index);
   }
+  // The ring's `posted` barriers (the gather path's requests; kv_gather.cuh), none for e4m3.
+  __device__ __forceinline__ uint64_t* posted_k() const {
+    if constexpr (Smem::kTransposeV) return nullptr;
+    else return smem.bars().posted.k;
+  }
+  __device__ __forceinline__ uint64_t* posted_v() const {
+    if constexpr (Smem::kTransposeV) return nullptr;
+    else return smem.bars().posted.v;
+  }
+  // The gather path: claims the stage as for TMA (the consumers released it; `note` runs), then
+  // posts the block to the ring's gather warp, which fills the stage and arrives on its `full`
+  // barrier itself (kv_gather.cuh). n < 0: the end of the stream.
+  template <class Note = NoNote>
+  __device__ __forceinline__ void post_gather(hopper::PipelineBarriers<Cfg::kStages>& ring, uint64_t* posted,
+                                              hopper::PipelineState<Cfg::kStages>& st,
+                                              uint8_t* (Smem::*buffer)(int) const, int n, int kv_head,
+                                              const Seq& seq, Note&& note = {}) const {
+    ring.producer_acquire(st);
+    note(st.index);
+    *reinterpret_cast<int4*>((smem.*buffer)(st.index)) =
+        n < 0 ? make_int4(0, -1, 0, 0) : make_int4(n * Cfg::kBlockN, seq.seqlen_k(p), seq.batch, kv_head);
+    hopper::mbarrier_arrive(&posted[st.index]);
+    st.advance();
+  }
   // Key block n of a tile: rows from the sequence's first key row, or (paged KV) from the pages the
-  // page table names, a box of page_box_rows rows at a time.
+  // page table names, a box of page_box_rows rows at a time (or gathered row by row: page_gather).
   // `note(stage)` as load_stage's.
   template <class Tile, class Note = NoNote>
   __device__ __forceinline__ void load_keys(const CUtensorMap* map, hopper::PipelineBarriers<Cfg::kStages>& ring,
-                                            hopper::PipelineState<Cfg::kStages>& st,
+                                            uint64_t* posted, hopper::PipelineState<Cfg::kStages>& st,
                                             uint8_t* (Smem::*buffer)(int) const, int n, int kv_head,
                                             const Seq& seq, Note&& note = {}) const {
     if (p.page_table == nullptr) {
       load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p), note);
       return;
+    }
+    if constexpr (!Smem::kTransposeV) {
+      if (p.page_gather) {
+        post_gather(ring, posted, st, buffer, n, kv_head, seq, note);
+        return;
+      }
     }
     // Box j holds keys [k0 + j box, ...): its table slot and its row in that page follow from the
     // block's first key by additions (boxes divide pages; one division a block). Boxes past the
@@ -127,7 +157,7 @@ struct MainloopLoad {
       // before the wait for a free stage, whose time hides their latency; log2 and 1/v after it.
       const float kf = block_factor(p.k_block, seq.batch, kv_head, n);
       const float vf = block_factor(p.v_block, seq.batch, kv_head, n);
-      load_keys<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, n, kv_head, seq, [&](int stage) {
+      load_keys<typename Smem::KTile>(&p.tma_k, ring, posted_k(), st, &Smem::k, n, kv_head, seq, [&](int stage) {
         // A zero V factor (a block of V that is all zeros) as 1e-30: its P v(n) underflows to 0 in
         // e4m3, its sums still count (fp32 holds P v(n) / v(n) exactly enough).
         const float r = vf == 0.f ? 1e-30f : vf;
@@ -135,7 +165,7 @@ struct MainloopLoad {
                                 make_float4(kf, __log2f(r), __fdividef(1.f, r), 0.f));
       });
     } else {
-      load_keys<typename Smem::KTile>(&p.tma_k, ring, st, &Smem::k, n, kv_head, seq);
+      load_keys<typename Smem::KTile>(&p.tma_k, ring, posted_k(), st, &Smem::k, n, kv_head, seq);
     }
   }
   // Key block n's factor of one operand (1 without block descales for it). Blocks of factors are
@@ -148,10 +178,10 @@ struct MainloopLoad {
                                          hopper::PipelineState<Cfg::kStages>& st, int n, int kv_head,
                                          const Seq& seq) const {
     if constexpr (Smem::kTransposeV)  // a block for the V transposer (v_transpose.cuh)
-      load_keys<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, n, kv_head, seq,
+      load_keys<typename Smem::VTile>(&p.tma_v, ring, posted_v(), st, &Smem::v, n, kv_head, seq,
                                       [&](int stage) { smem.bars().v_loaded[stage] = 1; });
     else
-      load_keys<typename Smem::VTile>(&p.tma_v, ring, st, &Smem::v, n, kv_head, seq);
+      load_keys<typename Smem::VTile>(&p.tma_v, ring, posted_v(), st, &Smem::v, n, kv_head, seq);
   }
 
   struct Tile {
@@ -285,6 +315,13 @@ struct MainloopLoad {
       bars.q.producer_acquire(q_st);
       bars.note[q_st.index] = {-1, 0, 0, 0, 0, 0, 0, 0, 0};
       hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
+    }
+    if constexpr (!Smem::kTransposeV) {  // the gather warps' end: a request without a block
+      if (p.page_gather) {
+        const Seq none = Seq::unset(p);
+        if (loads_qk) post_gather(bars.k, posted_k(), k_st, &Smem::k, -1, 0, none);
+        if (loads_v) post_gather(bars.v, posted_v(), v_st, &Smem::v, -1, 0, none);
+      }
     }
     if constexpr (Smem::kTransposeV) {  // and a V stage without a block: the transposer's end
       bars.v.producer_acquire(v_st);

@@ -24,6 +24,13 @@ __device__ __forceinline__ void cp_async_zero_16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;" ::"r"(smem), "l"(src) : "memory");
 }
 
+// 16 bytes from `src`, or (copy false) 16 zero bytes reading nothing, by one instruction: the
+// source size is an operand, so a caller that predicates rows needs no second address.
+__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool copy) {
+  const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(src), "r"(copy ? 16 : 0) : "memory");
+}
+
 // Closes the thread's current group of copies (an empty group is legal and completes at once).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 

@@ -1,0 +1,142 @@
+// Paged caches whose pages are not a multiple of 16 rows (SGLang's pages of 1, vLLM-style pages of
+// 8, ...): TMA boxes cannot follow such pages (a box of gcd(kBlockN, page_size) rows would break the
+// 8-row swizzle atoms, or be one row), so the K/V rows of a key block are gathered one by one with
+// per-thread cp.async into the same swizzled stage layout TMA writes (hopper::SmemTile), and the
+// consumers cannot tell the two apart.
+//
+// Who does what (16-bit kernels; the e4m3 kernels' warps 1-3 transpose V and keep such pages on
+// the reference kernel): the walker lanes of warps 0 and 1 (mainloop_load.cuh) claim each K / V
+// stage as for TMA, but instead of issuing boxes they post a request — which key block, of which
+// sequence and kv head — in the stage's first 16 bytes and arrive on the ring's `posted` barrier;
+// warp 2 serves the K ring and warp 3 the V ring, in stage order: wait for the post, read it,
+// gather the block, then every lane waits for its own copies, fences them for the async proxy
+// (wgmma reads the stage: HOPPER_PRIMER's rule for generic writes before an async-proxy read) and
+// arrives on the stage's `full` barrier (32 arrivals: each lane orders only its own writes).
+// No second ring is needed for the requests: the walker can post into a stage again only after
+// the consumers released it, which follows this warp's arrival, which follows its read.
+//
+// A block is copied in two passes. Pass 1: lane l looks up the pages of rows l, l + 32, ... (up to
+// four table loads in flight at once). Pass 2, in groups of 32 rows: lane l turns its row of the
+// group into a source pointer, and eight lanes per row (a 128-byte panel row, 16 bytes each: whole
+// cache lines per warp instruction), four rows per instruction, copy it, the pointer handed over
+// by a shuffle. Rows past the sequence and the
+// padded columns past head_dim are zero-filled (rows past the keys get weight 0 from the mask, and
+// zeros keep NaN * 0 out of the PV).
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "src/attention/fwd_params.h"
+#include "src/attention/fwd_smem.cuh"
+#include "src/hopper/arch.cuh"
+#include "src/hopper/cp_async.cuh"
+#include "src/hopper/mbarrier.cuh"
+
+namespace fa3::attn {
+
+// What a walker posts for one stage (in the stage's first 16 bytes). keys < 0: the stream ended.
+struct GatherRequest {
+  int k0;       // the block's first key, counted from the sequence's start
+  int keys;     // the sequence's key count: rows at or past it are zero-filled
+  int batch;    // the page table's row
+  int kv_head;
+};
+
+// The lanes' share of a block of kBlockN rows (host-callable: the CPU tests check that every
+// (row, 16-byte chunk) of a panel is written once, and that each row's offset comes from the lane
+// that looked it up).
+template <int kBlockN>
+struct GatherLanes {
+  static_assert(kBlockN % 4 == 0, "four rows per pass");
+  static constexpr int kOwned = (kBlockN + 31) / 32;  // rows whose page a lane looks up
+  static constexpr int kPasses = kBlockN / 4;         // pass 2: four rows per warp instruction
+  // Pass 1: the j-th row lane l looks up.
+  __host__ __device__ static constexpr int owned_row(int lane, int j) { return lane + 32 * j; }
+  // Pass 2: the row and 16-byte chunk (of a 128-byte panel row) lane l copies in pass i.
+  __host__ __device__ static constexpr int row(int lane, int i) { return 4 * i + lane / 8; }
+  __host__ __device__ static constexpr int chunk(int lane) { return lane % 8; }
+  // ... and where that row's offset lives: owner lane and its slot j, the same j for every lane
+  // of a pass (4i and 4i + 3 share 32-row groups), so the slot is a register, not local memory.
+  __host__ __device__ static constexpr int owner_lane(int lane, int i) { return row(lane, i) % 32; }
+  __host__ __device__ static constexpr int owner_slot(int i) { return 4 * i / 32; }
+};
+
+template <class Cfg>
+struct KvGather {
+  using Smem = FwdSmem<Cfg>;
+  using Lanes = GatherLanes<Cfg::kBlockN>;
+  static_assert(Smem::kElem == 2, "the gather path serves the 16-bit kernels");
+
+  const FwdKernelParams& p;
+  Smem smem;
+
+  // Warp 2 (keys) or warp 3 (values), every lane, until the walker posts the end.
+  __device__ void run(bool keys) const {
+    if (keys) serve<true>();
+    else serve<false>();
+  }
+
+  // One ring. The cache's pointer and strides are read from the kernel parameters where they are
+  // used (constant-bank operands, no registers: the producer warpgroup has 24).
+  template <bool kKeys>
+  __device__ void serve() const {
+    using Tile = std::conditional_t<kKeys, typename Smem::KTile, typename Smem::VTile>;
+    auto& bars = smem.bars();
+    auto& ring = kKeys ? bars.k : bars.v;
+    const int lane = threadIdx.x % hopper::kWarpSize;
+    hopper::PipelineState<Cfg::kStages> st;
+    for (;;) {
+      hopper::mbarrier_wait(&(kKeys ? bars.posted.k : bars.posted.v)[st.index], st.phase);
+      uint8_t* stage = kKeys ? smem.k(st.index) : smem.v(st.index);
+      const int4 req = *reinterpret_cast<const int4*>(stage);  // GatherRequest
+      __syncwarp();  // every lane has read the request before lane 0's copy overwrites it
+      if (req.y < 0) return;
+      gather_block<kKeys, Tile>(stage, GatherRequest{req.x, req.y, req.z, req.w}, lane);
+      hopper::cp_async_commit();
+      hopper::cp_async_wait<0>();
+      hopper::fence_view_async_shared();
+      hopper::mbarrier_arrive(&ring.full[st.index]);
+      st.advance();
+    }
+  }
+
+  template <bool kKeys, class Tile>
+  __device__ __forceinline__ void gather_block(uint8_t* stage, const GatherRequest& r, int lane) const {
+    const uint16_t* cache = static_cast<const uint16_t*>(kKeys ? p.k_pages : p.v_pages);
+    const int head_dim = kKeys ? p.head_dim_qk : p.head_dim_v;
+    const int rows = min(Cfg::kBlockN, r.keys - r.k0);  // rows of the block inside the sequence
+    // Pass 1 for every group at once: the pages of the lane's rows (loads all in flight together).
+    const int* table = p.page_table + int64_t(r.batch) * p.page_table_batch_stride;
+    int page[Lanes::kOwned];
+#pragma unroll
+    for (int j = 0; j < Lanes::kOwned; ++j)
+      page[j] = Lanes::owned_row(lane, j) < rows ? table[(r.k0 + Lanes::owned_row(lane, j)) / p.page_size] : 0;
+    const uint16_t* head = cache + int64_t(r.kv_head) * (kKeys ? p.k_head_stride : p.v_head_stride);
+    const int chunk = Lanes::chunk(lane);
+#pragma unroll
+    for (int j = 0; j < Lanes::kOwned; ++j) {
+      // Group j (rows 32j .. 32j + 31): lane l's row as a source pointer (the kv head's first
+      // element past the sequence: a global address that zero-filled copies name but do not read),
+      // handed to the eight lanes that copy it.
+      const int key = r.k0 + Lanes::owned_row(lane, j);
+      const uint16_t* own = head;
+      if (Lanes::owned_row(lane, j) < rows)
+        own += int64_t(page[j]) * (kKeys ? p.k_page_stride : p.v_page_stride) +
+               int64_t(key % p.page_size) * (kKeys ? p.k_row_stride : p.v_row_stride);
+#pragma unroll 1
+      for (int i = 8 * j; i < 8 * j + 8 && i < Lanes::kPasses; ++i) {
+        const int row = Lanes::row(lane, i);
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(own), Lanes::owner_lane(lane, i)));
+#pragma unroll
+        for (int pn = 0; pn < Tile::kPanels; ++pn) {
+          const int col = Tile::panel_col(pn) + 8 * chunk;
+          if (col >= Tile::kCols) continue;  // the padded tile's last panel is part-used
+          hopper::cp_async_16_or_zero(stage + Tile::offset(row, col), src + col, row < rows && col < head_dim);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace fa3::attn
