@@ -596,6 +596,23 @@ FwdData make_fwd_data(const FwdCase& c, bool reference_inputs) {
       nan_rows(hv, P.vs, P.packed_k, P.packed_k ? P.total_k : P.seqlen_k, c.heads_kv, dv);
     }
   }
+  // Pages that are not a multiple of 16 rows are gathered row by row (kv_gather.cuh), which reads
+  // only the sequences' own keys: every other element of the cache is NaN, so that a gather past a
+  // sequence, from a wrong page or without its zero fill shows. (TMA boxes read past a sequence's
+  // last key inside its last box: those rows stay finite for the other page sizes.)
+  if (P.paged && c.page_size % 16 != 0) {
+    auto poison_unused = [&](std::vector<uint8_t>& img, int dim, bool values) {
+      std::vector<char> used(img.size() / eb, 0);
+      for (int b = 0; b < c.batch; ++b)
+        for (int j = 0; j < P.used_k[b]; ++j)
+          for (int h = 0; h < c.heads_kv; ++h)
+            for (int x = 0; x < dim; ++x) used[values ? P.v_index(b, j, h, x) : P.k_index(b, j, h, x)] = 1;
+      for (size_t e = 0; e < used.size(); ++e)
+        if (!used[e]) std::memset(img.data() + e * eb, 0xFF, eb);
+    };
+    poison_unused(hk, dqk, false);
+    poison_unused(hv, dv, true);
+  }
   if (c.key_growth > 0 && c.dtype != FA3_DTYPE_E4M3)
     for (int b = 0; b < c.batch; ++b)
       for (int j = 0; j < p.seqlen_k[b]; ++j)

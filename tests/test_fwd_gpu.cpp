@@ -849,6 +849,23 @@ TEST(FwdGpu, PagedOnHopper) {
       EXPECT_EQ(kernel_of(c), "hopper") << c.name();
       run_fwd_case(c);
     }
+  // Gathered pages on the padded head dims (a part-used panel, columns zero-filled past head_dim)
+  // and on a d_qk != d_v pair that shares the square tile (every cache row no sequence uses is NaN).
+  for (int page : {1, 24})
+    for (auto [dqk, dv] : {std::pair{96, 96}, std::pair{80, 128}, std::pair{128, 64}}) {
+      FwdCase c;
+      c.batch = 3;
+      c.page_size = page;
+      c.varlen_k = {333, 1, 100};
+      c.seqlen_q = 150;
+      c.head_dim = dqk;
+      c.head_dim_v = dv;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.causal = dqk == 80;
+      EXPECT_EQ(kernel_of(c), "hopper") << c.name();
+      run_fwd_case(c);
+    }
   // Packed queries with a paged cache (chunked prefill), and sequences without keys.
   for (int page : {16, 256, 1, 7}) {
     FwdCase c;

@@ -36,7 +36,7 @@ struct KeyBlockFactorSlots<kStages, true> {
 
 // The gather path of the 16-bit kernels (kv_gather.cuh, pages that are not a multiple of 16 rows):
 // per K and V stage, the barrier on which the walker posts a stage's request to its gather warp.
-// The e4m3 kernels have none (an empty member).
+// The e4m3 kernels have none (an empty member: a few bytes of padding).
 template <int kStages, bool kGather>
 struct GatherPosts {};
 template <int kStages>
