@@ -11,7 +11,8 @@
 // warp 2 serves the K ring and warp 3 the V ring, in stage order: wait for the post, read it,
 // gather the block, then every lane waits for its own copies, fences them for the async proxy
 // (wgmma reads the stage: HOPPER_PRIMER's rule for generic writes before an async-proxy read) and
-// arrives on the stage's `full` barrier (32 arrivals: each lane orders only its own writes).
+// arrives on the stage's `full` barrier (32 arrivals: each lane orders only its own writes) — for
+// a block, after the next block's copies are issued where its post is already there.
 // No second ring is needed for the requests: the walker can post into a stage again only after
 // the consumers released it, which follows this warp's arrival, which follows its read.
 //
@@ -78,24 +79,52 @@ struct KvGather {
 
   // One ring. The cache's pointer and strides are read from the kernel parameters where they are
   // used (constant-bank operands, no registers: the producer warpgroup has 24).
+  // Two blocks in flight: a stage's copies are published (waited for, fenced, arrived on) only
+  // after the next stage's copies are issued, when its post is already there; otherwise at once,
+  // so the warp never waits for a post while holding an unpublished stage (the walker's next post
+  // may need the consumers to finish with that very stage). One block at a time held large
+  // decodes with pages of 1 at 2.0-2.1 TB/s (perf-log step 107).
   template <bool kKeys>
   __device__ void serve() const {
     using Tile = std::conditional_t<kKeys, typename Smem::KTile, typename Smem::VTile>;
     auto& bars = smem.bars();
     auto& ring = kKeys ? bars.k : bars.v;
+    uint64_t* posted = kKeys ? bars.posted.k : bars.posted.v;
     const int lane = threadIdx.x % hopper::kWarpSize;
     hopper::PipelineState<Cfg::kStages> st;
+    int pending = -1;  // the stage whose copies are in flight, not yet published
+    auto publish = [&](int stage) {
+      hopper::fence_view_async_shared();
+      hopper::mbarrier_arrive(&ring.full[stage]);
+    };
     for (;;) {
-      hopper::mbarrier_wait(&(kKeys ? bars.posted.k : bars.posted.v)[st.index], st.phase);
+      if (pending >= 0) {  // (one lane decides, so that the warp stays on one path)
+        const bool next_posted =
+            __shfl_sync(0xffffffffu, lane == 0 && hopper::mbarrier_phase_done(&posted[st.index], st.phase), 0);
+        if (!next_posted) {
+          hopper::cp_async_wait<0>();
+          publish(pending);
+          pending = -1;
+        }
+      }
+      hopper::mbarrier_wait(&posted[st.index], st.phase);
       uint8_t* stage = kKeys ? smem.k(st.index) : smem.v(st.index);
       const int4 req = *reinterpret_cast<const int4*>(stage);  // GatherRequest
       __syncwarp();  // every lane has read the request before lane 0's copy overwrites it
-      if (req.y < 0) return;
+      if (req.y < 0) {
+        if (pending >= 0) {
+          hopper::cp_async_wait<0>();
+          publish(pending);
+        }
+        return;
+      }
       gather_block<kKeys, Tile>(stage, GatherRequest{req.x, req.y, req.z, req.w}, lane);
       hopper::cp_async_commit();
-      hopper::cp_async_wait<0>();
-      hopper::fence_view_async_shared();
-      hopper::mbarrier_arrive(&ring.full[st.index]);
+      if (pending >= 0) {
+        hopper::cp_async_wait<1>();  // the older block's copies (this lane's), not the new one's
+        publish(pending);
+      }
+      pending = st.index;
       st.advance();
     }
   }

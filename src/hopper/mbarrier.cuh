@@ -21,6 +21,12 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)ptx::mbarrier_arrive(bar); }
 
+// Whether the phase with this parity has completed, without waiting (and without acquiring: a
+// caller that goes on to read what the phase published still waits for it).
+__device__ __forceinline__ bool mbarrier_phase_done(uint64_t* bar, uint32_t parity) {
+  return ptx::mbarrier_test_wait_parity(bar, parity);
+}
+
 // Arrival on the barrier at the same offset in the shared memory of cluster CTA `rank` (which may
 // be this CTA). CCCL has no `mapa` to form the address, and its remote arrive is release at cluster
 // scope, a fence that stalls the arriving warp (the forward kernel ran 35-40% slower with it);
