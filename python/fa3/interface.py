@@ -166,7 +166,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          "function (use flash_attn_func for fixed-length batches)")
     wl, wr = _window(window_size, causal)
     chunk = _chunk(attention_chunk)
-    if chunk and not (chunk >= int(max_seqlen_k or 0) and causal):  # (as flash_attn_func's rule)
+    # One chunk holding every key changes nothing only under a causal mask here: whether a query
+    # sits before its sequence's first key is device data.
+    if chunk and not (chunk >= int(max_seqlen_k or 0) and causal):
         if seqused_q is not None or seqused_k is not None:
             raise _not_supported("attention_chunk", "chunked attention with seqused_q / seqused_k")
         out, lse = _chunked_attention(

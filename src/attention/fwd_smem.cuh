@@ -86,7 +86,7 @@ struct FwdSmem {
   static constexpr int kOffVt = kOffV + Cfg::kStages * kVBytes;
   static constexpr int kOffO = kOffVt + Cfg::kStages * kVtBytes;
   static constexpr int kOHalfBytes = OWarpgroupTile::kBytes;
-  static constexpr bool kOHalf = Cfg::kOInKV && kOffO + kOHalfBytes + 256 + 1024 <= 227 * 1024;
+  static constexpr bool kOHalf = Cfg::kOInKV && kOffO + kOHalfBytes + kBarrierBound + 1024 <= 227 * 1024;
   static constexpr int kOffBarriers = kOffO + (Cfg::kOInKV ? (kOHalf ? kOHalfBytes : 0) : kOBytes);
 
   // The producer's note on the tile whose Q a stage holds, written before the stage's arrival
