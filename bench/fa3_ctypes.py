@@ -122,6 +122,8 @@ class FwdParams(ctypes.Structure):
         ("rotary_interleaved", c_int32),
         ("cu_seqlens_new", c_void_p),  # packed new keys: int32 [batch + 1], or None
         ("total_new", c_int32),
+        ("leftpad_k", c_void_p),  # int32 [batch]: where each sequence's keys start in its cache rows, or None
+        ("rotary_seqlens", c_void_p),  # int32 [batch]: the rotary position of each first new key, or None
     ]
 
 

@@ -1,9 +1,10 @@
 // The KV-cache append with rotary (fa3_fwd_params: cache_seqlens, k_new / v_new, rotary_cos /
-// rotary_sin) through the public forward: the cache afterwards bit for bit (the new keys rotated on
-// the host with the kernel's arithmetic, every other element untouched), and the attention against
-// the double-precision reference on the appended cache with the rotated queries. Contiguous and
-// paged caches, both rotary layouts, partial rotary dims, no rotary, one and several new tokens,
-// empty caches, GQA, causal and not, split-KV decodes, sinks.
+// rotary_sin, rotary_seqlens) and left-padded caches (leftpad_k) through the public forward: the
+// cache afterwards bit for bit (the new keys rotated on the host with the kernel's arithmetic,
+// every other element untouched), and the attention against the double-precision reference on the
+// appended cache's keys from the left padding on, with the rotated queries. Contiguous and paged
+// caches, both rotary layouts, partial rotary dims, no rotary, one and several new tokens, empty
+// caches, GQA, causal and not, split-KV decodes, sinks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,13 +33,19 @@ struct AppendCase {
   std::vector<int> cache_seqlens = {0, 17, 250};
   // Packed rows (empty: dense): each sequence's queries (cu_seqlens_q) and new keys (cu_seqlens_new).
   std::vector<int> q_lens, new_lens;
+  std::vector<int> leftpad;        // leftpad_k: each sequence's first key row (empty: none)
+  std::vector<int> rotary_starts;  // rotary_seqlens (empty: the rotary positions start at cache_seqlens)
+  int extra_rows = 0;              // cache rows per sequence past seqlen_k (a longer batch stride)
+  bool by_seqused = false;         // the keys per sequence as seqused_k, not cache_seqlens (nothing appended)
   std::string name() const {
     return std::string(dtype == FA3_DTYPE_BF16 ? "bf16" : "fp16") + " h" + std::to_string(heads_q) + "/" +
            std::to_string(heads_kv) + " d" + std::to_string(head_dim) + " new" + std::to_string(seqlen_new) + " sq" +
            std::to_string(seqlen_q) + (page_size ? " paged" + std::to_string(page_size) : "") + " rotary" +
            std::to_string(rotary_dim) + (interleaved ? " interleaved" : "") + (causal ? " causal" : "") +
            " splits" + std::to_string(num_splits) + (sinks ? " sinks" : "") + (append ? "" : " no-append") +
-           (q_lens.empty() ? "" : " packed-q") + (new_lens.empty() ? "" : " packed-new");
+           (q_lens.empty() ? "" : " packed-q") + (new_lens.empty() ? "" : " packed-new") +
+           (leftpad.empty() ? "" : " leftpad") + (rotary_starts.empty() ? "" : " rotary-seqlens") +
+           (extra_rows ? " extra-rows" : "") + (by_seqused ? " seqused" : "");
   }
 };
 
@@ -94,14 +101,16 @@ void run_append_case(const AppendCase& c) {
   const int max_q = *std::max_element(qn.begin(), qn.end());
   const bool paged = c.page_size > 0;
   const int pages_per_seq = paged ? c.capacity / c.page_size : 0, num_pages = B * pages_per_seq;
-  // The cache as the kernels see it: [batch][capacity] rows, or [num_pages][page_size] rows.
-  const size_t row = size_t(hkv) * d, cache_elems = size_t(B) * c.capacity * row;
+  // The cache as the kernels see it: [batch][rows] rows (seqlen_k = capacity of them used), or
+  // [num_pages][page_size] rows.
+  const int rows = c.capacity + c.extra_rows;
+  const size_t row = size_t(hkv) * d, cache_elems = size_t(B) * rows * row;
   Values k = random_values(cache_elems, c.dtype, g), v = random_values(cache_elems, c.dtype, g);
   std::vector<int> table(num_pages);
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), g);
   auto at = [&](int b, int pos, int h) -> size_t {  // element offset of (b, pos, h, 0)
-    if (!paged) return (size_t(b) * c.capacity + pos) * row + size_t(h) * d;
+    if (!paged) return (size_t(b) * rows + pos) * row + size_t(h) * d;
     const int page = table[size_t(b) * pages_per_seq + pos / c.page_size];
     return (size_t(page) * c.page_size + pos % c.page_size) * row + size_t(h) * d;
   };
@@ -115,19 +124,23 @@ void run_append_case(const AppendCase& c) {
   // Expected cache: the new rows (rotated keys) at cache_seqlens[b] + i; everything else as it was.
   std::vector<uint16_t> want_k = k.bits, want_v = v.bits;
   std::vector<std::vector<float>> kk(B), vv(B), qq(B);  // the reference's logical K, V, Q
+  // Sequence b's keys: rows first[b] .. cache_seqlens[b] + its new keys - 1.
+  std::vector<int> first(B, 0);
   for (int b = 0; b < B; ++b) {
     const int n = c.cache_seqlens[b];
+    if (!c.leftpad.empty()) first[b] = std::min(c.leftpad[b], n + nn[b]);
+    const int rot = c.rotary_starts.empty() ? n : c.rotary_starts[b];  // rotary position of the first new key
     for (int i = 0; i < nn[b]; ++i)
       for (int h = 0; h < hkv; ++h) {
         const size_t src = ((size_t(new_row0[b]) + i) * hkv + h) * d;
         std::vector<float> kr(&k_new.f[src], &k_new.f[src] + d);
-        if (c.rotary_dim) rotate(kr, c, cos, sin, n + i);
+        if (c.rotary_dim) rotate(kr, c, cos, sin, rot + i);
         for (int x = 0; x < d; ++x) {
           want_k[at(b, n + i, h) + x] = to_bits(kr[x], c.dtype);
           want_v[at(b, n + i, h) + x] = v_new.bits[src + x];
         }
       }
-    for (int j = 0; j < n + nn[b]; ++j)
+    for (int j = first[b]; j < n + nn[b]; ++j)
       for (int h = 0; h < hkv; ++h)
         for (int x = 0; x < d; ++x) {
           kk[b].push_back(from_bits(want_k[at(b, j, h) + x], c.dtype));
@@ -138,7 +151,7 @@ void run_append_case(const AppendCase& c) {
       for (int h = 0; h < hq; ++h) {
         const size_t src = ((size_t(q_row0[b]) + i) * hq + h) * d;
         std::vector<float> qr(&q.f[src], &q.f[src] + d);
-        if (c.rotary_dim) rotate(qr, c, cos, sin, n + (windowed ? i : 0));
+        if (c.rotary_dim) rotate(qr, c, cos, sin, rot + (windowed ? i : 0));
         qq[b].insert(qq[b].end(), qr.begin(), qr.end());
       }
   }
@@ -146,7 +159,9 @@ void run_append_case(const AppendCase& c) {
   DeviceBuffer dk(cache_elems * 2), dv(cache_elems * 2), dkn(k_new.bits.size() * 2), dvn(v_new.bits.size() * 2),
       dq(q.bits.size() * 2), dcos(cos.bits.size() * 2), dsin(sin.bits.size() * 2), dlens(B * 4),
       dtable(std::max(num_pages, 1) * 4), dout(q.bits.size() * 2), dlse(size_t(total_q) * hq * 4),
-      dsinks(hq * 4), dcu_q((B + 1) * 4), dcu_new((B + 1) * 4);
+      dsinks(hq * 4), dcu_q((B + 1) * 4), dcu_new((B + 1) * 4), dleftpad(B * 4), drot(B * 4);
+  if (!c.leftpad.empty()) dleftpad.upload(c.leftpad.data(), B * 4);
+  if (!c.rotary_starts.empty()) drot.upload(c.rotary_starts.data(), B * 4);
   dcu_q.upload(q_row0.data(), (B + 1) * 4);
   dcu_new.upload(new_row0.data(), (B + 1) * 4);
   dk.upload(k.bits.data(), cache_elems * 2);
@@ -178,8 +193,8 @@ void run_append_case(const AppendCase& c) {
     a.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.get());
     a.total_q = total_q;
   }
-  a.k = paged ? bshd(dk.get(), c.page_size, hkv, d) : bshd(dk.get(), c.capacity, hkv, d);
-  a.v = paged ? bshd(dv.get(), c.page_size, hkv, d) : bshd(dv.get(), c.capacity, hkv, d);
+  a.k = paged ? bshd(dk.get(), c.page_size, hkv, d) : bshd(dk.get(), rows, hkv, d);
+  a.v = paged ? bshd(dv.get(), c.page_size, hkv, d) : bshd(dv.get(), rows, hkv, d);
   if (paged) {
     a.page_table = static_cast<const int32_t*>(dtable.get());
     a.page_table_batch_stride = pages_per_seq;
@@ -188,7 +203,10 @@ void run_append_case(const AppendCase& c) {
   }
   a.lse = static_cast<float*>(dlse.get());
   a.causal = c.causal;
-  a.cache_seqlens = static_cast<const int32_t*>(dlens.get());
+  if (c.by_seqused) a.seqused_k = static_cast<const int32_t*>(dlens.get());
+  else a.cache_seqlens = static_cast<const int32_t*>(dlens.get());
+  if (!c.leftpad.empty()) a.leftpad_k = static_cast<const int32_t*>(dleftpad.get());
+  if (!c.rotary_starts.empty()) a.rotary_seqlens = static_cast<const int32_t*>(drot.get());
   if (c.append) {
     a.k_new = bshd(dkn.get(), packed_new ? total_new : c.seqlen_new, hkv, d);
     a.v_new = bshd(dvn.get(), packed_new ? total_new : c.seqlen_new, hkv, d);
@@ -219,7 +237,7 @@ void run_append_case(const AppendCase& c) {
   const char* kernel = nullptr;
   ASSERT_TRUE(fa3::kernel_name(a, &kernel).ok());
   EXPECT_STREQ(kernel, "hopper");
-  if (c.append || c.rotary_dim) {  // no workspace for the append's share: refused by name, nothing launched
+  if (c.append || c.rotary_dim || !c.leftpad.empty()) {  // no workspace for its share: refused by name, nothing launched
     FwdArgs small = a;
     small.workspace_bytes = 0;
     small.workspace = nullptr;
@@ -248,7 +266,7 @@ void run_append_case(const AppendCase& c) {
   p.causal = c.causal;
   for (int b = 0; b < B; ++b) {
     p.seqlen_q.push_back(qn[b]);
-    p.seqlen_k.push_back(c.cache_seqlens[b] + nn[b]);
+    p.seqlen_k.push_back(c.cache_seqlens[b] + nn[b] - first[b]);
   }
   if (c.sinks) p.sinks.assign(sinks.begin(), sinks.end());
   ref::Inputs in;
@@ -357,6 +375,63 @@ TEST(AppendGpu, AppendAndRotaryAgainstCpu) {
     cases.push_back(c);
   }
   for (const AppendCase& c : cases) run_append_case(c);
+}
+
+// Left-padded caches (FlashAttention-3's cache_leftpad) and rotary positions of their own
+// (rotary_seqlens): the attention sees each sequence's rows from its padding on, on every path
+// (decode with and without splits, speculative and packed queries, a prefill chunk), with the
+// keys counted by cache_seqlens (with and without new keys) or seqused_k, and a cache whose batch
+// stride is longer than seqlen_k rows.
+TEST(AppendGpu, LeftPaddedCachesAndRotaryPositions) {
+  FA3_REQUIRE_GPU();
+  std::vector<AppendCase> cases;
+  AppendCase c;  // a decode: one new token, left padding 0 / 5 / 130 (past a key block)
+  c.cache_seqlens = {3, 17, 250};
+  c.leftpad = {0, 5, 130};
+  cases.push_back(c);
+  c.num_splits = 3;  // split-KV, causal speculative decoding, sinks, rotary from its own positions
+  c.seqlen_new = c.seqlen_q = 4;
+  c.causal = true;
+  c.sinks = true;
+  c.rotary_starts = {0, 12, 100};
+  cases.push_back(c);
+  c.rotary_starts.clear();  // packed queries and new keys, a sequence whose old keys are all padding
+  c.num_splits = 0;
+  c.q_lens = c.new_lens = {3, 1, 4};
+  c.leftpad = {3, 0, 200};
+  c.interleaved = true;
+  c.dtype = FA3_DTYPE_FP16;
+  cases.push_back(c);
+  c.q_lens.clear();  // a prefill chunk (33 queries) on the prefill kernels, GQA 8:1, extra cache rows
+  c.new_lens.clear();
+  c.seqlen_q = 33;
+  c.seqlen_new = 4;
+  c.causal = false;
+  c.heads_kv = 1;
+  c.extra_rows = 7;
+  c.cache_seqlens = {100, 5, 200};
+  c.leftpad = {64, 1, 199};
+  c.head_dim = 64;
+  c.rotary_dim = 32;
+  cases.push_back(c);
+  AppendCase s;  // no new keys: cache_seqlens alone, then seqused_k, with left padding
+  s.append = false;
+  s.rotary_dim = 0;
+  s.leftpad = {2, 17, 40};
+  s.seqlen_q = 3;
+  s.causal = true;
+  cases.push_back(s);
+  s.by_seqused = true;
+  s.extra_rows = 16;
+  s.head_dim = 256;
+  cases.push_back(s);
+  AppendCase r;  // rotary_seqlens without left padding, Q rotated alone at them
+  r.append = false;
+  r.seqlen_q = 2;
+  r.causal = true;
+  r.rotary_starts = {7, 0, 280};
+  cases.push_back(r);
+  for (const AppendCase& x : cases) run_append_case(x);
 }
 
 }  // namespace

@@ -689,6 +689,69 @@ TEST_F(AppendValidation, BadFieldsAreNamed) {
   EXPECT_TRUE(Fails(fa3::validate(b), FA3_ERROR_NOT_SUPPORTED, "cu_seqlens_k"));
 }
 
+// Left-padded caches (leftpad_k) become packed keys before the attention: each sequence's keys
+// start at b * (K's batch stride in rows) + leftpad_k[b], counted by the append kernel into the
+// workspace; rotary_seqlens are rotary positions and need the tables.
+TEST_F(AppendValidation, LeftPaddingAndRotaryPositions) {
+  a.leftpad_k = fake<const int32_t>(0x690000);
+  a.rotary_seqlens = fake<const int32_t>(0x6a0000);
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  const fa3::attn::AppendWorkspace w = fa3::attn::append_workspace(a);
+  EXPECT_TRUE(w.counts);
+  EXPECT_GE(w.q, w.cu_k + (kBatch + 1) * 4);
+  fa3::FwdArgs b = a;
+  b.workspace = fake(0x700000);
+  b.workspace_bytes = w.bytes;
+  const fa3_fwd_params r = fa3::attn::attention_params(b, w);
+  EXPECT_EQ(r.cu_seqlens_k, fake<const int32_t>(0x700000 + w.cu_k));
+  EXPECT_EQ(r.seqused_k, fake<const int32_t>(0x700000 + w.seqused));
+  EXPECT_EQ(r.total_k, kBatch * kSeqK);  // the last sequence's rows end at seqlen_k
+  EXPECT_EQ(r.leftpad_k, nullptr);
+  EXPECT_EQ(r.rotary_seqlens, nullptr);
+  // Left padding alone (no new keys, no rotary, the keys as seqused_k) still runs the kernel.
+  b.k_new = b.v_new = fa3_tensor{};
+  b.rotary_cos = b.rotary_sin = nullptr;
+  b.rotary_seqlens = nullptr;
+  b.cache_seqlens = nullptr;
+  b.seqused_k = fake<const int32_t>(0x650000);
+  ASSERT_TRUE(Passes(fa3::validate(b)));
+  EXPECT_TRUE(fa3::attn::has_append(b));
+  // A longer batch stride (a cache with more rows than seqlen_k): the rows per sequence follow it.
+  b.k = fa3::bshd(fake(0x200000), kSeqK + 10, kHeadsKv, kDim);
+  b.v = fa3::bshd(fake(0x300000), kSeqK + 10, kHeadsKv, kDim);
+  ASSERT_TRUE(Passes(fa3::validate(b)));
+  EXPECT_EQ(fa3::attn::attention_params(b, fa3::attn::append_workspace(b)).total_k, (kBatch - 1) * (kSeqK + 10) + kSeqK);
+
+  auto fails_with = [&](auto edit, fa3_status code, const char* field) {
+    fa3::FwdArgs c = a;
+    edit(c);
+    return Fails(fa3::validate(c), code, field);
+  };
+  const fa3_status kInvalid = FA3_ERROR_INVALID_ARGUMENT, kNotSupported = FA3_ERROR_NOT_SUPPORTED;
+  EXPECT_TRUE(fails_with([](fa3::FwdArgs& c) { c.leftpad_k = fake<const int32_t>(0x690002); }, kInvalid, "leftpad_k"));
+  EXPECT_TRUE(fails_with(
+      [](fa3::FwdArgs& c) {
+        c.page_table = fake<const int32_t>(0x6b0000);
+        c.page_size = 16;
+        c.num_pages = 64;
+        c.page_table_batch_stride = kSeqK / 16;
+        c.k = fa3::bshd(fake(0x200000), 16, kHeadsKv, kDim);
+        c.v = fa3::bshd(fake(0x300000), 16, kHeadsKv, kDim);
+      },
+      kNotSupported, "leftpad_k with page_table"));
+  EXPECT_TRUE(fails_with([](fa3::FwdArgs& c) { c.k.batch_stride += 8; }, kInvalid, "k.batch_stride"));
+  EXPECT_TRUE(fails_with(
+      [](fa3::FwdArgs& c) {
+        c.k = fa3::bshd(fake(0x200000), kSeqK - 1, kHeadsKv, kDim);  // fewer rows than seqlen_k
+        c.k.batch_stride = int64_t(kSeqK - 1) * kHeadsKv * kDim;
+      },
+      kInvalid, "k"));
+  EXPECT_TRUE(fails_with([](fa3::FwdArgs& c) { c.v.batch_stride *= 2; }, kInvalid, "v.batch_stride"));
+  EXPECT_TRUE(fails_with([](fa3::FwdArgs& c) { c.rotary_cos = c.rotary_sin = nullptr; }, kInvalid, "rotary_seqlens"));
+  EXPECT_TRUE(fails_with([](fa3::FwdArgs& c) { c.rotary_seqlens = fake<const int32_t>(0x6a0001); }, kInvalid,
+                         "rotary_seqlens"));
+}
+
 // Packed queries and packed new keys (speculative decoding with varying draft counts).
 TEST_F(AppendValidation, PackedQueriesAndNewKeysPass) {
   a.cu_seqlens_q = fake<const int32_t>(0x660000);
@@ -705,7 +768,8 @@ TEST_F(AppendValidation, PackedQueriesAndNewKeysPass) {
 }
 
 // Callers built against an older header pass its struct size (FA3_FWD_PARAMS_SIZE_V2: before the
-// sinks, _V3: before the append, _V4: before the packed new keys): garbage past it is not read, and
+// sinks, _V3: before the append, _V4: before the packed new keys, _V5: before the left padding):
+// garbage past it is not read, and
 // the same garbage read at the current size is refused (by name where `field` is given).
 TEST_F(FwdValidation, StructSizesBeforeLaterFieldsAreAccepted) {
   auto past_older_size_is_ignored = [&](size_t older, auto put_garbage, const char* field) {
@@ -724,6 +788,8 @@ TEST_F(FwdValidation, StructSizesBeforeLaterFieldsAreAccepted) {
   past_older_size_is_ignored(
       FA3_FWD_PARAMS_SIZE_V4, [](fa3_fwd_params& p) { p.cu_seqlens_new = fake<const int32_t>(0x810001); },
       "cu_seqlens_new");
+  past_older_size_is_ignored(
+      FA3_FWD_PARAMS_SIZE_V5, [](fa3_fwd_params& p) { p.leftpad_k = fake<const int32_t>(0x810001); }, "leftpad_k");
 }
 
 TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
@@ -1200,6 +1266,9 @@ TEST_F(BwdValidation, ForwardOnlyFieldsAreRefused) {
   c.fwd.rotary_rows = kSeqK;
   c.fwd.rotary_row_stride = 32;
   EXPECT_TRUE(Fails(fa3::validate(c), FA3_ERROR_NOT_SUPPORTED, "rotary_cos"));
+  c = b;
+  c.fwd.leftpad_k = fake<const int32_t>(0x680000);
+  EXPECT_TRUE(Fails(fa3::validate(c), FA3_ERROR_NOT_SUPPORTED, "leftpad_k"));
 }
 
 TEST_F(BwdValidation, HeadsAndBatchWithinTheGrid) {

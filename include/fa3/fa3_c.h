@@ -197,6 +197,21 @@ typedef struct fa3_fwd_params {
    * (the rows of k_new / v_new). Appended: callers built before them pass FA3_FWD_PARAMS_SIZE_V4. */
   const int32_t* cu_seqlens_new;
   int32_t total_new;
+
+  /* Left-padded caches (flash_attn_with_kvcache's cache_leftpad; NULL = none): int32 [batch],
+   * sequence b's first key is row leftpad_k[b] of its rows of K / V. seqused_k and cache_seqlens
+   * still count rows from row 0 (sequence b attends to rows leftpad_k[b] .. seqused_k[b] - 1, or to
+   * cache_seqlens[b] + its new keys, or to seqlen_k - 1 without either; new keys still go to row
+   * cache_seqlens[b]), and the masks align with the keys it attends to. A contiguous cache only (not
+   * with page_table or cu_seqlens_k), K's and V's batch strides a whole number of their rows, the same
+   * for both (a [batch, rows, heads_kv, d] cache, rows >= seqlen_k); not with FP8 block descales.
+   * rotary_seqlens (NULL = cache_seqlens): int32 [batch], the rotary position of sequence b's first
+   * new key, with rotary_cos / rotary_sin (FlashAttention-3's rotary_seqlens): k_new's row i is rotated
+   * at rotary_seqlens[b] + i, Q's row i at rotary_seqlens[b] (+ i when causal or windowed); where the
+   * new keys go does not change.
+   * Appended: callers built before them pass FA3_FWD_PARAMS_SIZE_V5. */
+  const int32_t* leftpad_k;
+  const int32_t* rotary_seqlens;
 } fa3_fwd_params;
 
 /* The struct_size of fa3_fwd_params before the block descales (still accepted). */
@@ -207,13 +222,16 @@ typedef struct fa3_fwd_params {
 #define FA3_FWD_PARAMS_SIZE_V3 offsetof(fa3_fwd_params, cache_seqlens)
 /* The struct_size of fa3_fwd_params before the packed new keys (still accepted). */
 #define FA3_FWD_PARAMS_SIZE_V4 offsetof(fa3_fwd_params, cu_seqlens_new)
+/* The struct_size of fa3_fwd_params before the left padding and rotary positions (still accepted). */
+#define FA3_FWD_PARAMS_SIZE_V5 offsetof(fa3_fwd_params, leftpad_k)
 
 /* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
 typedef struct fa3_bwd_params {
   uint32_t struct_size;
   fa3_fwd_params fwd; /* the forward's arguments: q, k, v, out (= O), lse (required), masks, ... */
-                      /* (not the KV-cache append's cache_seqlens, k_new / v_new, rotary_cos / sin:
-                       * pass the keys each sequence used as seqused_k) */
+                      /* (not the KV-cache append's cache_seqlens, k_new / v_new, rotary_cos / sin,
+                       * rotary_seqlens, nor leftpad_k: pass the keys each sequence used as seqused_k,
+                       * or packed keys with cu_seqlens_k) */
   fa3_tensor dout;    /* dO, layout of O */
   fa3_tensor dq, dk, dv;
   int32_t deterministic; /* 1: bitwise reproducible dQ/dK/dV (the key blocks add dQ in a fixed order) */

@@ -162,16 +162,19 @@ def bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, s
 def fwd_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None, rotary_cos=None,
                 rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0, softmax_scale=0.0,
                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0, sinks=None,
-                cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None):
+                cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None, cache_leftpad=None,
+                rotary_seqlens=None):
     """(out, softmax_lse) = fa3::fwd_kvcache(...): k_new / v_new appended to the caches (in place) at
     cache_seqlens and rotated with q in the same fa3 call, then the attention. Packed queries
     (cu_seqlens_q, q [total_q, h, d]) and packed new keys (cu_seqlens_k_new, k_new [total_new, h_kv, d])
-    are taken. Not differentiable."""
+    are taken; cache_leftpad (int32 [b]: where each sequence's keys start in a contiguous cache) and
+    rotary_seqlens (int32 [b]: the rotary position of each sequence's first new key). Not
+    differentiable."""
     _require()
     return torch.ops.fa3.fwd_kvcache.default(
         q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos, rotary_sin, rotary_interleaved,
         page_table, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, num_splits,
-        sinks, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new)
+        sinks, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, cache_leftpad, rotary_seqlens)
 
 
 # fa3_dtype codes of the combine's output dtype (fa3_c.h).
@@ -223,7 +226,8 @@ def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seq
 def _fwd_kvcache_fake(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None, rotary_cos=None,
                       rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0,
                       softmax_scale=0.0, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                      num_splits=0, sinks=None, cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None):
+                      num_splits=0, sinks=None, cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None,
+                      cache_leftpad=None, rotary_seqlens=None):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]), dtype=out_dtype)
     if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]

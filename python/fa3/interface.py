@@ -5,7 +5,7 @@ flash_attn_interface`` works for code written against FlashAttention-3: BSHD ten
 ``(out, softmax_lse)``, softmax_lse in natural log, [batch, heads, seqlen] (varlen: [heads, total_q]).
 
 What fa3 does not implement raises NotImplementedError naming the argument (``qv``,
-``attention_chunk``, ``cache_leftpad``, a backward through an FP8 or paged forward). Tuning hints
+``attention_chunk`` in ``flash_attn_with_kvcache``, a backward through an FP8 or paged forward). Tuning hints
 that fa3 does not need are accepted and have no effect: ``pack_gqa``, ``sm_margin``,
 ``scheduler_metadata``.
 """
@@ -291,22 +291,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     also with packed queries (cu_seqlens_q) and packed new keys (cu_seqlens_k_new: k, v
     [total_new, heads_kv, d]); with e4m3 they are PyTorch operations before it (dense queries and
     new keys only; no device sync either way). cache_batch_idx maps each batch entry to a cache row.
+    cache_leftpad (int32 [batch], a contiguous cache, fp16/bf16): sequence b's keys are cache rows
+    cache_leftpad[b] .. cache_seqlens[b] + new keys - 1 (FlashAttention-3's; the new keys and their
+    rotary positions still count from row 0). rotary_seqlens (int32 [batch]): the rotary position of
+    each sequence's first new key (and of its queries), in place of cache_seqlens.
     learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
     Not differentiable (as FlashAttention-3's).
     """
     _check_common(qv)
     if _chunk(attention_chunk):
         raise _not_supported("attention_chunk", "chunked attention in flash_attn_with_kvcache")
-    if cache_leftpad is not None:
-        raise _not_supported("cache_leftpad")
     if cu_seqlens_k_new is not None and k is None:
         raise ValueError("fa3: cu_seqlens_k_new: given without new keys k, v")
     if (k is None) != (v is None):
         raise ValueError("fa3: k, v: give both new keys and new values, or neither")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("fa3: rotary_cos, rotary_sin: give both or neither")
-    if rotary_seqlens is not None:
-        raise _not_supported("rotary_seqlens")
+    if rotary_seqlens is not None and rotary_cos is None:
+        raise ValueError("fa3: rotary_seqlens: given without rotary_cos / rotary_sin (they are its positions)")
     varlen_q = cu_seqlens_q is not None
     batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
     dev = q.device
@@ -316,6 +318,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqused_k = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=dev)
     else:
         seqused_k = cache_seqlens.to(torch.int32)
+    if cache_leftpad is not None:
+        if page_table is not None or cache_batch_idx is not None:
+            raise ValueError("fa3: cache_leftpad: cannot be combined with page_table or cache_batch_idx "
+                             "(a left-padded cache is a contiguous [batch, seqlen_cache, heads_kv, d] one)")
+        cache_leftpad = cache_leftpad.to(torch.int32)
     if cache_batch_idx is not None:
         if page_table is not None:
             raise ValueError("fa3: cache_batch_idx: cannot be combined with page_table")
@@ -327,9 +334,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqlen_k = k_cache.shape[1]
     else:
         seqlen_k = page_table.shape[1] * k_cache.shape[1]
-    fused = (k is not None or rotary_cos is not None) and q.dtype in (torch.float16, torch.bfloat16) \
-        and q_descale is None and k_descale is None and v_descale is None and _ops.available() and q.is_cuda
-    if fused:  # the append and rotary in fa3's call (fa3::fwd_kvcache)
+    if rotary_seqlens is not None:
+        rotary_seqlens = rotary_seqlens.to(torch.int32)
+    fused = (k is not None or rotary_cos is not None or cache_leftpad is not None) \
+        and q.dtype in (torch.float16, torch.bfloat16) and q_descale is None and k_descale is None \
+        and v_descale is None and _ops.available() and q.is_cuda
+    if cache_leftpad is not None and not fused:
+        raise _not_supported("cache_leftpad", "with e4m3 caches, descales, or off the GPU")
+    if fused:  # the append, rotary and left padding in fa3's call (fa3::fwd_kvcache)
         if k is not None:  # the kernel takes q's dtype and a contiguous head dim
             k, v = (t.to(q.dtype) for t in (k, v))
             k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
@@ -342,7 +354,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                 q, k_cache, v_cache, k, v, seqused_k, rotary_cos, rotary_sin, bool(rotary_interleaved),
                 page_table, int(seqlen_k) if page_table is not None else 0, _scale(softmax_scale), bool(causal),
                 wl, wr, float(softcap), int(num_splits), _sinks(learnable_sink), cu_seqlens_q,
-                int(max_seqlen_q or 0), cu_seqlens_k_new)
+                int(max_seqlen_q or 0), cu_seqlens_k_new, cache_leftpad, rotary_seqlens)
         return (out, lse) if return_softmax_lse else out
     if cu_seqlens_k_new is not None:
         raise _not_supported("cu_seqlens_k_new", "packed new keys with e4m3 or off the GPU")
@@ -351,6 +363,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     positions_base = None
     if k is not None or rotary_cos is not None:
         positions_base = seqused_k if seqused_k is not None else torch.zeros(batch, dtype=torch.int32, device=dev)
+    # The rotary positions start at rotary_seqlens where given, else where the new keys go.
+    rotary_base = rotary_seqlens if rotary_seqlens is not None else positions_base
 
     if k is not None:
         if varlen_q:
@@ -358,7 +372,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         s_new = k.shape[1]
         pos = positions_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]  # [b, s_new]
         if rotary_cos is not None:  # (positions past the table read its last row, as the kernel)
-            row = pos.clamp(0, rotary_cos.shape[0] - 1)
+            row = (rotary_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]).clamp(
+                0, rotary_cos.shape[0] - 1)
             k = _rotary(k, rotary_cos[row], rotary_sin[row], rotary_interleaved)
         _append_rows(k_cache, page_table, pos, k)
         _append_rows(v_cache, page_table, pos, v)
@@ -371,7 +386,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         s_q = q.shape[1]
         local = causal or 0 <= wl < seqlen_k - 1 or 0 <= wr < s_q - 1
         offs = torch.arange(s_q, device=dev)[None, :] if local else torch.zeros(1, s_q, dtype=torch.long, device=dev)
-        pos_q = positions_base.long()[:, None] + offs
+        pos_q = rotary_base.long()[:, None] + offs
         row_q = pos_q.clamp(0, rotary_cos.shape[0] - 1)
         q = _rotary(q, rotary_cos[row_q], rotary_sin[row_q], rotary_interleaved)
 

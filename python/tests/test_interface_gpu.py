@@ -242,6 +242,50 @@ def test_kvcache_append_with_packed_queries(paged, packed_new):
     assert torch.equal(_logical(k_cache, page_table), k_ref) and torch.equal(_logical(v_cache, page_table), v_ref)
 
 
+@pytest.mark.parametrize("s_new", [1, 4])
+def test_kvcache_left_padding_and_rotary_positions(s_new):
+    """cache_leftpad (FlashAttention-3's): each sequence attends to its cache rows from its padding
+    on, new keys appended at cache_seqlens as without it; rotary_seqlens: the rotary positions of the
+    new keys and queries start there instead. The cache bit for bit, the attention vs float64; also
+    left padding alone (no new keys) and with split-KV."""
+    torch.manual_seed(25)
+    b, h, hkv, d, cache_len = 3, 8, 2, 128, 512
+    lens = torch.tensor([5, 100, 400], dtype=torch.int32, device=DEV)
+    pad = torch.tensor([5, 30, 257], dtype=torch.int32, device=DEV)  # sequence 0: only its new keys
+    rot = torch.tensor([0, 7, 300], dtype=torch.int32, device=DEV)
+    k_full, v_full = rand(b, cache_len, hkv, d, dtype=torch.bfloat16), rand(b, cache_len, hkv, d, dtype=torch.bfloat16)
+    k_new, v_new = rand(b, s_new, hkv, d, dtype=torch.bfloat16), rand(b, s_new, hkv, d, dtype=torch.bfloat16)
+    q = rand(b, s_new, h, d, dtype=torch.bfloat16)
+    theta = torch.rand(cache_len, d // 4, device=DEV) * 6
+    cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)
+    k_cache, v_cache = k_full.clone(), v_full.clone()
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=lens, cache_leftpad=pad, rotary_seqlens=rot, causal=True)
+    from fa3.interface import _rotary
+    k_ref, v_ref = k_full.clone(), v_full.clone()
+    for i in range(b):
+        n, p, r = int(lens[i]), int(pad[i]), int(rot[i])
+        c, s = cos[None, r:r + s_new], sin[None, r:r + s_new]
+        k_ref[i, n:n + s_new] = _rotary(k_new[i:i + 1], c, s, True)[0]
+        v_ref[i, n:n + s_new] = v_new[i]
+        q_i = _rotary(q[i:i + 1], c, s, True)
+        want, _ = ref_attention(q_i, k_ref[i:i + 1, p:n + s_new], v_ref[i:i + 1, p:n + s_new], causal=True)
+        assert rel_err(out[i:i + 1], want) <= 1e-2
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    # Left padding alone: the keys of cache_seqlens from the padding on, split or not.
+    for splits in (1, 4):
+        out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=pad,
+                                               num_splits=splits, return_softmax_lse=True)
+        for i in range(b):
+            n, p = int(lens[i]), int(pad[i])
+            want, want_lse = ref_attention(q[i:i + 1], k_cache[i:i + 1, p:n], v_cache[i:i + 1, p:n])
+            assert rel_err(out[i:i + 1], want) <= 1e-2
+            assert torch.allclose(lse[i:i + 1].double(), want_lse, atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="cache_leftpad"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, cache_leftpad=pad,
+                                    cache_batch_idx=torch.arange(b, dtype=torch.int32, device=DEV))
+
+
 def test_fp8_forward_error_is_stated():
     torch.manual_seed(6)
     q, k, v = (rand(1, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))

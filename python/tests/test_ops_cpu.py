@@ -189,8 +189,14 @@ def test_unsupported_arguments_are_named():
     x = meta(1, 4, 2, 64)
     with pytest.raises(NotImplementedError, match="qv"):
         fa3.flash_attn_func(x, x, x, qv=x)
+    # cache_leftpad runs in fa3's call on the GPU (16-bit caches); off it (here: meta) it is named.
     with pytest.raises(NotImplementedError, match="cache_leftpad"):
         fa3.flash_attn_with_kvcache(x, x, x, cache_leftpad=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_leftpad: cannot be combined with page_table"):
+        fa3.flash_attn_with_kvcache(x, x, x, cache_leftpad=torch.zeros(1, dtype=torch.int32),
+                                    page_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="rotary_seqlens: given without rotary_cos"):
+        fa3.flash_attn_with_kvcache(x, x, x, rotary_seqlens=torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="num_heads_q"):
         fa3.flash_attn_qkvpacked_func(meta(1, 4, 6, 64))
     with pytest.raises(ValueError, match="cu_seqlens_q"):

@@ -95,7 +95,8 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
       {p.q_block_descale.data, "q_block_descale.data"}, {p.k_block_descale.data, "k_block_descale.data"},
       {p.v_block_descale.data, "v_block_descale.data"}, {p.sinks, "sinks"},
       {p.cache_seqlens, "cache_seqlens"}, {p.k_new.data, "k_new.data"}, {p.v_new.data, "v_new.data"},
-      {p.rotary_cos, "rotary_cos"}, {p.rotary_sin, "rotary_sin"}, {p.cu_seqlens_new, "cu_seqlens_new"}};
+      {p.rotary_cos, "rotary_cos"}, {p.rotary_sin, "rotary_sin"}, {p.cu_seqlens_new, "cu_seqlens_new"},
+      {p.leftpad_k, "leftpad_k"},   {p.rotary_seqlens, "rotary_seqlens"}};
   for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   return ok();
 }
@@ -281,7 +282,9 @@ const Params* current_layout(const Params* p, Params& copy, std::initializer_lis
 }
 const fa3_fwd_params* current_layout(const fa3_fwd_params* p, fa3_fwd_params& copy) {
   return current_layout<fa3_fwd_params, fa3_fwd_params_init>(
-      p, copy, {FA3_FWD_PARAMS_SIZE_V1, FA3_FWD_PARAMS_SIZE_V2, FA3_FWD_PARAMS_SIZE_V3, FA3_FWD_PARAMS_SIZE_V4});
+      p, copy,
+      {FA3_FWD_PARAMS_SIZE_V1, FA3_FWD_PARAMS_SIZE_V2, FA3_FWD_PARAMS_SIZE_V3, FA3_FWD_PARAMS_SIZE_V4,
+       FA3_FWD_PARAMS_SIZE_V5});
 }
 const fa3_combine_params* current_layout(const fa3_combine_params* p, fa3_combine_params& copy) {
   return current_layout<fa3_combine_params, fa3_combine_params_init>(p, copy, {FA3_COMBINE_PARAMS_SIZE_V1});

@@ -343,6 +343,8 @@ Status check_append(const fa3_fwd_params& p) {
   const bool rotary = p.rotary_cos != nullptr || p.rotary_sin != nullptr;
   if (p.cu_seqlens_new != nullptr && !append)
     return invalid("cu_seqlens_new is for packed new keys: k_new and v_new must be given with it");
+  if (p.rotary_seqlens != nullptr && !rotary)
+    return invalid("rotary_seqlens are the rotary embedding's positions: rotary_cos and rotary_sin must be given with it");
   if (p.cache_seqlens == nullptr && !append && !rotary) return ok();
   const char* what = append ? "k_new / v_new" : rotary ? "rotary_cos / rotary_sin" : "cache_seqlens";
   if (p.dtype == FA3_DTYPE_E4M3) return not_supported(std::string(what) + " with dtype e4m3");
@@ -387,6 +389,8 @@ Status check_append(const fa3_fwd_params& p) {
                                              cache_rows_name, "heads_kv", "head_dim_v"}));
   }
   if (rotary) {
+    if (p.rotary_seqlens != nullptr && !aligned(p.rotary_seqlens, sizeof(int32_t)))
+      return invalid("rotary_seqlens must be 4-byte aligned (int32); got " + hex(p.rotary_seqlens));
     if (p.rotary_cos == nullptr || p.rotary_sin == nullptr)
       return invalid(std::string(p.rotary_cos ? "rotary_sin" : "rotary_cos") +
                      " must not be NULL: the rotary embedding needs both tables");
@@ -404,6 +408,33 @@ Status check_append(const fa3_fwd_params& p) {
     if (!aligned(p.rotary_cos, 2) || !aligned(p.rotary_sin, 2))
       return invalid("rotary_cos and rotary_sin must be 2-byte aligned (dtype elements)");
   }
+  return ok();
+}
+
+// Left padding (fa3_c.h: leftpad_k) becomes packed keys before the attention (append_kv.h): each
+// sequence's rows then start at b * (its batch stride in rows) + leftpad_k[b], which needs a
+// contiguous cache whose batch stride is a whole number of rows, the same for K and V.
+Status check_leftpad(const fa3_fwd_params& p) {
+  if (p.leftpad_k == nullptr) return ok();
+  if (!aligned(p.leftpad_k, sizeof(int32_t)))
+    return invalid("leftpad_k must be 4-byte aligned (int32); got " + hex(p.leftpad_k));
+  if (p.page_table != nullptr)
+    return not_supported("leftpad_k with page_table (start a sequence's page_table row at its first page instead)");
+  if (p.cu_seqlens_k != nullptr)
+    return invalid("leftpad_k cannot be combined with cu_seqlens_k (packed keys start where cu_seqlens_k says)");
+  if (p.k_block_descale.data != nullptr || p.v_block_descale.data != nullptr)
+    return not_supported("leftpad_k with k_block_descale / v_block_descale (their blocks count keys from row 0)");
+  const int64_t rows = p.k.row_stride != 0 ? p.k.batch_stride / p.k.row_stride : 0;
+  if (p.k.row_stride <= 0 || p.k.batch_stride % p.k.row_stride != 0 || rows < p.seqlen_k)
+    return invalid("leftpad_k needs k.batch_stride to be a whole number of rows (k.row_stride = " +
+                   to_string(p.k.row_stride) + ") of at least seqlen_k = " + to_string(p.seqlen_k) +
+                   " rows (a [batch, rows, heads_kv, d] cache); got " + to_string(p.k.batch_stride));
+  if (p.v.row_stride <= 0 || p.v.batch_stride != rows * p.v.row_stride)
+    return invalid("leftpad_k needs v.batch_stride = " + to_string(rows) + " * v.row_stride = " +
+                   to_string(rows * p.v.row_stride) + " (K's rows per batch entry); got " + to_string(p.v.batch_stride));
+  if ((static_cast<int64_t>(p.batch) - 1) * rows + p.seqlen_k > INT32_MAX)
+    return invalid("leftpad_k: the cache's rows ((batch - 1) * k.batch_stride / k.row_stride + seqlen_k = " +
+                   to_string((static_cast<int64_t>(p.batch) - 1) * rows + p.seqlen_k) + ") must be < 2^31");
   return ok();
 }
 
@@ -457,6 +488,7 @@ Status validate_fwd(const fa3_fwd_params* p) {
   FA3_TRY(check_descale(*p));
   FA3_TRY(check_block_descales(*p));
   FA3_TRY(check_append(*p));
+  FA3_TRY(check_leftpad(*p));
   FA3_TRY(check_splits(*p));
   FA3_TRY(check_workspace(p->workspace, p->workspace_bytes));
   return ok();
@@ -593,6 +625,8 @@ Status validate_bwd(const fa3_bwd_params* p) {
     return not_supported("the backward of the rotary embedding (rotary_cos / rotary_sin)");
   if (p->fwd.cache_seqlens != nullptr)
     return invalid("cache_seqlens must be NULL for the backward (pass the keys each sequence used as seqused_k)");
+  if (p->fwd.leftpad_k != nullptr)
+    return not_supported("the backward with leftpad_k (pass packed keys with cu_seqlens_k and seqused_k)");
   // The backward's kernels take heads and batch entries as grid dimensions.
   if (p->fwd.heads_q > kMaxGridYz || p->fwd.batch > kMaxGridYz)
     return invalid("heads_q and batch must be <= " + to_string(kMaxGridYz) + " for the backward; got heads_q " +

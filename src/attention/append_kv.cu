@@ -3,6 +3,8 @@
 // keys first; with rotary each Q row is rotated into the workspace. The data is a decode step's
 // few rows: bandwidth-bound and small next to the attention that follows, so the kernel is plain
 // (lanes on rotation pairs, fp32 math, one rounding to the dtype, as the attention's inputs are).
+// Block 0 also writes each sequence's key count and, for a left-padded cache, where its keys start
+// as packed rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -74,21 +76,37 @@ __device__ int64_t row_offset(const fa3_tensor& t, bool packed, int64_t r, RowOf
 
 // Work units, a warp each: new key/value rows x heads_kv ([batch][seqlen_new], or total_new packed
 // rows), then (rotate_q) query rows x heads_q ([batch][seqlen_q], or total_q packed rows). Block 0
-// also writes the key counts (with new keys).
+// also writes the key counts (seqused: with new keys or left padding) and, with left padding, the
+// packed rows' starts (cu_k, int32 [batch + 1]; rows_per_batch: K's batch stride in rows).
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, T* q_out, bool windowed) {
+__global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, int* cu_k,
+                                                             int64_t rows_per_batch, T* q_out, bool windowed) {
   const int lane = threadIdx.x % 32;
   const bool packed_new = a.cu_seqlens_new != nullptr, packed_q = a.cu_seqlens_q != nullptr;
-  if (blockIdx.x == 0 && seqused != nullptr)
+  if (blockIdx.x == 0 && seqused != nullptr) {
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {  // past seqlen_k nothing is written (the caller's contract)
-      const int added = packed_new ? a.cu_seqlens_new[b + 1] - a.cu_seqlens_new[b] : a.seqlen_new;
-      seqused[b] = max(0, min(a.cache_seqlens[b] + added, a.seqlen_k));
+      const int added = a.k_new.data == nullptr ? 0 : packed_new ? a.cu_seqlens_new[b + 1] - a.cu_seqlens_new[b] : a.seqlen_new;
+      // The row after the sequence's last key, counted from the cache's row 0.
+      const int end = a.cache_seqlens != nullptr ? a.cache_seqlens[b] + added
+                      : a.seqused_k != nullptr  ? a.seqused_k[b]
+                                                : a.seqlen_k;
+      const int stop = max(0, min(end, a.seqlen_k));
+      const int start = cu_k != nullptr ? max(0, min(a.leftpad_k[b], stop)) : 0;
+      seqused[b] = stop - start;
+      if (cu_k != nullptr) cu_k[b] = int(b * rows_per_batch) + start;
     }
+    // (packed rows end at the last entry's rows: nothing past the cache is in the attention's K)
+    if (cu_k != nullptr && threadIdx.x == 0) cu_k[a.batch] = int((a.batch - 1) * rows_per_batch) + a.seqlen_k;
+  }
   const int64_t new_rows = packed_new ? a.total_new : int64_t(a.batch) * a.seqlen_new;
   const int64_t kv_units = a.k_new.data != nullptr ? new_rows * a.heads_kv : 0;
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   // Positions outside the table (a broken contract) read its first or last row rather than past it.
   auto table_row = [&](int pos) { return max(0, min(pos, a.rotary_rows - 1)); };
+  // The rotary position of sequence b's first new key: rotary_seqlens, else where it goes.
+  auto rotary_base = [&](int b) {
+    return a.rotary_seqlens != nullptr ? a.rotary_seqlens[b] : a.cache_seqlens != nullptr ? a.cache_seqlens[b] : 0;
+  };
   if (unit < kv_units) {
     const int h = int(unit % a.heads_kv);
     const int64_t r = unit / a.heads_kv;
@@ -99,7 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
     const int64_t src = row_offset(a.k_new, packed_new, r, row, h);
     const int64_t vsrc = row_offset(a.v_new, packed_new, r, row, h);
     rotate_row<T>(a, static_cast<const T*>(a.k_new.data) + src, static_cast<T*>(a.k.data) + cache_offset(a, a.k, b, pos, h),
-                  a.head_dim_qk, table_row(pos), lane);
+                  a.head_dim_qk, table_row(rotary_base(b) + i), lane);
     const T* v_src = static_cast<const T*>(a.v_new.data) + vsrc;
     T* v_dst = static_cast<T*>(a.v.data) + cache_offset(a, a.v, b, pos, h);
     for (int x = lane; x < a.head_dim_v; x += 32) v_dst[x] = v_src[x];
@@ -114,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
   const RowOf row = row_of(r, a.cu_seqlens_q, a.batch, a.seqlen_q);
   // FlashAttention-3's rule: a causal or windowed query sits at the cache's end plus its index,
   // others at the cache's end.
-  const int pos = (a.cache_seqlens ? a.cache_seqlens[row.b] : 0) + (windowed ? row.i : 0);
+  const int pos = rotary_base(row.b) + (windowed ? row.i : 0);
   const T* src = static_cast<const T*>(a.q.data) + row_offset(a.q, packed_q, r, row, h);
   // (the copy's rows in Q's order: dense [batch][seqlen_q] or packed, heads_q x head_dim_qk each)
   rotate_row<T>(a, src, q_out + (r * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk, table_row(pos), lane);
@@ -135,7 +153,9 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
   AppendWorkspace w;
   if (!has_append(a)) return w;
   w.rotate_q = a.rotary_cos != nullptr;
-  w.q = align256(a.k_new.data != nullptr ? size_t(a.batch) * sizeof(int) : 0);
+  w.counts = a.k_new.data != nullptr || a.leftpad_k != nullptr;
+  w.cu_k = align256(w.counts ? size_t(a.batch) * sizeof(int) : 0);
+  w.q = align256(w.cu_k + (a.leftpad_k != nullptr ? size_t(a.batch + 1) * sizeof(int) : 0));
   const size_t q_bytes = w.rotate_q ? size_t(query_rows(a)) * a.heads_q * a.head_dim_qk * 2 : 0;
   w.bytes = align256(w.q + q_bytes);
   return w;
@@ -151,7 +171,12 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
   // (kernel_name and the workspace query pass no workspace: shapes are all they read then)
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   auto at = [&](size_t offset) { return base != nullptr ? base + offset : nullptr; };
-  if (a.k_new.data != nullptr) r.seqused_k = reinterpret_cast<const int32_t*>(at(w.seqused));
+  if (w.counts) r.seqused_k = reinterpret_cast<const int32_t*>(at(w.seqused));
+  if (a.leftpad_k != nullptr) {  // packed keys: sequence b's from row b * rows + leftpad_k[b] (validated)
+    r.cu_seqlens_k = reinterpret_cast<const int32_t*>(at(w.cu_k));
+    r.total_k = int32_t((int64_t(a.batch) - 1) * (a.k.batch_stride / a.k.row_stride) + a.seqlen_k);
+    r.leftpad_k = nullptr;
+  }
   if (w.rotate_q) {  // (packed rows: the batch stride is not read)
     const int64_t d = a.head_dim_qk, h = a.heads_q;
     r.q = fa3_tensor{at(w.q), int64_t(a.seqlen_q) * h * d, h * d, d};
@@ -160,6 +185,7 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
   r.seqlen_new = r.total_new = 0;
   r.cu_seqlens_new = nullptr;
   r.rotary_cos = r.rotary_sin = nullptr;
+  r.rotary_seqlens = nullptr;
   r.rotary_dim = r.rotary_rows = 0;
   // The attention's own scratch follows (a workspace of exactly the append's share leaves none).
   r.workspace = a.workspace_bytes <= w.bytes ? nullptr : at(w.bytes);
@@ -169,18 +195,22 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
 
 Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStream_t stream) {
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
-  int* seqused = a.k_new.data != nullptr ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
+  int* seqused = w.counts ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
+  int* cu_k = a.leftpad_k != nullptr ? reinterpret_cast<int*>(base + w.cu_k) : nullptr;
+  const int64_t rows_per_batch = a.leftpad_k != nullptr ? a.k.batch_stride / a.k.row_stride : 0;
   const int64_t kv_units = a.k_new.data != nullptr ? new_key_rows(a) * a.heads_kv : 0;
   const int64_t q_units = w.rotate_q ? query_rows(a) * a.heads_q : 0;
   const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
   // Q's rotary positions follow the mask the attention runs (a window reaching every key is none).
   const bool windowed = detail::make_problem(a).has_mask();
+  // (e4m3 comes here with left padding alone, which reads and writes no element: either type serves)
   if (a.dtype == FA3_DTYPE_BF16)
     return hopper::launch<append_kernel<__nv_bfloat16>>(
-        unsigned(blocks), kWarps * 32, 0, stream, a, seqused,
+        unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k, rows_per_batch,
         w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed);
-  return hopper::launch<append_kernel<__half>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused,
+  return hopper::launch<append_kernel<__half>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
+                                               rows_per_batch,
                                                w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr,
                                                windowed);
 }

@@ -1,9 +1,11 @@
 // The KV-cache append with rotary embedding (fa3_fwd_params: cache_seqlens, k_new / v_new,
-// rotary_cos / rotary_sin): one small kernel before the attention of the same call writes the new
-// keys (rotated) and values into the cache at each sequence's end, Q's rotated copy and each
-// sequence's new key count into the workspace; the attention then runs on parameters that point
-// there (attention_params), so every attention kernel serves it unchanged. cache_seqlens without
-// new keys is the attention's seqused_k as it is: no kernel, no workspace.
+// rotary_cos / rotary_sin, rotary_seqlens) and left-padded caches (leftpad_k): one small kernel
+// before the attention of the same call writes the new keys (rotated) and values into the cache at
+// each sequence's end, Q's rotated copy and each sequence's key count into the workspace, and for a
+// left-padded cache where each sequence's keys start as rows of a packed K (cu_seqlens_k); the
+// attention then runs on parameters that point there (attention_params), so every attention kernel
+// serves it unchanged. cache_seqlens without new keys or left padding is the attention's seqused_k
+// as it is: no kernel, no workspace.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -14,22 +16,27 @@
 
 namespace fa3::attn {
 
-// Whether the call has work before its attention (new keys to write, or a Q to rotate).
-inline bool has_append(const fa3_fwd_params& a) { return a.k_new.data != nullptr || a.rotary_cos != nullptr; }
+// Whether the call has work before its attention (new keys to write, a Q to rotate, or the packed
+// rows of a left-padded cache to count).
+inline bool has_append(const fa3_fwd_params& a) {
+  return a.k_new.data != nullptr || a.rotary_cos != nullptr || a.leftpad_k != nullptr;
+}
 
-// Its share of the workspace, first in it: the key counts (int32 [batch], with new keys) and the
+// Its share of the workspace, first in it: the key counts (int32 [batch], with new keys or left
+// padding: `counts`), the packed keys' starts (int32 [batch + 1], with left padding) and the
 // rotated Q (contiguous [batch, seqlen_q, heads_q, head_dim_qk] in dtype, or [total_q, heads_q,
 // head_dim_qk] for packed queries), each 256-byte aligned;
 // the attention's own scratch (split-KV partials) follows at `bytes`.
 struct AppendWorkspace {
-  size_t seqused = 0, q = 0, bytes = 0;
-  bool rotate_q = false;
+  size_t seqused = 0, cu_k = 0, q = 0, bytes = 0;
+  bool rotate_q = false, counts = false;
 };
 AppendWorkspace append_workspace(const fa3_fwd_params& a);
 
 // The attention's parameters after the append (w = append_workspace(a)): seqused_k = the key
-// counts in the workspace, q = the rotated copy (with rotary), the append's fields cleared, the
-// workspace past the append's share.
+// counts in the workspace, cu_seqlens_k = the packed keys' starts (with left padding: K and V read
+// as packed rows), q = the rotated copy (with rotary), the append's fields cleared, the workspace
+// past the append's share.
 fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& w);
 
 // The append kernel on `stream` (validated parameters whose workspace holds w.bytes).

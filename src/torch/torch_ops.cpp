@@ -355,12 +355,15 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
 // s_new, h_kv, d] go into k_cache / v_cache ([b_cache, s_cache, h_kv, d], or pages with page_table) at
 // cache_seqlens (int32 [b]), rotated with rotary_cos / rotary_sin ([rows, rotary_dim / 2], q's dtype)
 // as q is, in the one fa3 call; the caches are mutated (the schema says so), out and LSE are new.
+// cache_leftpad (int32 [b]): sequence b's keys start at that row of its cache rows (fa3_c.h:
+// leftpad_k); rotary_seqlens (int32 [b]): the rotary positions of its new keys start there.
 std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, OptTensor k_new, OptTensor v_new,
                                        OptTensor cache_seqlens, OptTensor rotary_cos, OptTensor rotary_sin,
                                        bool rotary_interleaved, OptTensor page_table, int64_t max_seqlen_k,
                                        double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
                                        double softcap, int64_t num_splits, OptTensor sinks, OptTensor cu_seqlens_q,
-                                       int64_t max_seqlen_q, OptTensor cu_seqlens_k_new) {
+                                       int64_t max_seqlen_q, OptTensor cu_seqlens_k_new, OptTensor cache_leftpad,
+                                       OptTensor rotary_seqlens) {
   q = tma_readable(q);
   Problem p = make_problem(q, k_cache, v_cache, cu_seqlens_q, std::nullopt, std::nullopt, std::nullopt, max_seqlen_q,
                            max_seqlen_k, page_table, softmax_scale, causal, window_left, window_right, softcap);
@@ -406,6 +409,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
     a.rotary_row_stride = rotary_cos->stride(0);
     a.rotary_interleaved = rotary_interleaved ? 1 : 0;
   }
+  a.leftpad_k = int32_vector(cache_leftpad, "cache_leftpad", a.batch, p.device);
+  a.rotary_seqlens = int32_vector(rotary_seqlens, "rotary_seqlens", a.batch, p.device);
   a.num_splits = static_cast<int32_t>(num_splits);
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
   return run_forward(p, "fwd_kvcache");
@@ -589,8 +594,8 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? cache_seqlens=None, Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=True, "
         "Tensor? page_table=None, int max_seqlen_k=0, float softmax_scale=0.0, bool causal=False, "
         "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? sinks=None, "
-        "Tensor? cu_seqlens_q=None, int max_seqlen_q=0, Tensor? cu_seqlens_k_new=None) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "Tensor? cu_seqlens_q=None, int max_seqlen_q=0, Tensor? cu_seqlens_k_new=None, "
+        "Tensor? cache_leftpad=None, Tensor? rotary_seqlens=None) -> (Tensor out, Tensor softmax_lse)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
   m.def("quantize_fp8(Tensor x, int block_size=128, bool hadamard=False, int seed=0) "
         "-> (Tensor out, Tensor descale)");
