@@ -721,6 +721,17 @@ TEST_F(AppendValidation, LeftPaddingAndRotaryPositions) {
   b.v = fa3::bshd(fake(0x300000), kSeqK + 10, kHeadsKv, kDim);
   ASSERT_TRUE(Passes(fa3::validate(b)));
   EXPECT_EQ(fa3::attn::attention_params(b, fa3::attn::append_workspace(b)).total_k, (kBatch - 1) * (kSeqK + 10) + kSeqK);
+  // Packed queries need no key counts of the caller's: the append kernel makes them.
+  fa3::FwdArgs pq = b;
+  pq.seqused_k = nullptr;
+  pq.cu_seqlens_q = fake<const int32_t>(0x660000);
+  pq.total_q = 7;
+  EXPECT_TRUE(Passes(fa3::validate(pq)));
+  // One sequence: its batch strides are never used.
+  fa3::FwdArgs one = b;
+  one.batch = 1;
+  one.k.batch_stride = one.v.batch_stride = 8;
+  EXPECT_TRUE(Passes(fa3::validate(one)));
 
   auto fails_with = [&](auto edit, fa3_status code, const char* field) {
     fa3::FwdArgs c = a;

@@ -169,7 +169,8 @@ typedef struct fa3_fwd_params {
    * cache_seqlens: int32 [batch], the keys each sequence's cache (K / V, contiguous or paged) holds
    *   before this call; with it seqused_k must be NULL and the call attends to cache_seqlens[b] +
    *   seqlen_new keys of sequence b (the caller's contract: at most seqlen_k; keys past it are
-   *   neither written nor read). Without k_new it is seqused_k by another name (no workspace).
+   *   neither written nor read). Without k_new (and leftpad_k) it is seqused_k by another name (no
+   *   workspace).
    * k_new / v_new: [batch, seqlen_new, heads_kv, head_dim_qk / head_dim_v] new keys and values,
    *   written into K / V at positions cache_seqlens[b] + i (needs cache_seqlens; K and V are then
    *   written, so their strides must not overlap). Packed (cu_seqlens_new, int32 [batch + 1]):
@@ -205,6 +206,8 @@ typedef struct fa3_fwd_params {
    * cache_seqlens[b]), and the masks align with the keys it attends to. A contiguous cache only (not
    * with page_table or cu_seqlens_k), K's and V's batch strides a whole number of their rows, the same
    * for both (a [batch, rows, heads_kv, d] cache, rows >= seqlen_k); not with FP8 block descales.
+   * The per-sequence starts and key counts are made in the workspace (fa3_fwd_workspace_size counts
+   * them), so a left-padded call needs one even without new keys.
    * rotary_seqlens (NULL = cache_seqlens): int32 [batch], the rotary position of sequence b's first
    * new key, with rotary_cos / rotary_sin (FlashAttention-3's rotary_seqlens): k_new's row i is rotated
    * at rotary_seqlens[b] + i, Q's row i at rotary_seqlens[b] (+ i when causal or windowed); where the

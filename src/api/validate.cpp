@@ -255,7 +255,9 @@ Status check_mask(const fa3_fwd_params& p) {
 Status check_varlen(const fa3_fwd_params& p) {
   // Packed queries need to know each sequence's keys: packed too, or counted per batch entry
   // (seqused_k, or the KV-cache append's cache_seqlens).
-  if (p.cu_seqlens_q != nullptr && p.cu_seqlens_k == nullptr && p.seqused_k == nullptr && p.cache_seqlens == nullptr)
+  // (With left padding the append kernel counts them: leftpad_k.)
+  if (p.cu_seqlens_q != nullptr && p.cu_seqlens_k == nullptr && p.seqused_k == nullptr && p.cache_seqlens == nullptr &&
+      p.leftpad_k == nullptr)
     return invalid("cu_seqlens_q needs cu_seqlens_k (packed keys) or seqused_k (keys per batch entry); got neither");
   if (p.cu_seqlens_q != nullptr && p.total_q < 1)
     return invalid("total_q must be >= 1 with cu_seqlens_q (the rows of the packed q and out); got " +
@@ -424,12 +426,16 @@ Status check_leftpad(const fa3_fwd_params& p) {
     return invalid("leftpad_k cannot be combined with cu_seqlens_k (packed keys start where cu_seqlens_k says)");
   if (p.k_block_descale.data != nullptr || p.v_block_descale.data != nullptr)
     return not_supported("leftpad_k with k_block_descale / v_block_descale (their blocks count keys from row 0)");
-  const int64_t rows = p.k.row_stride != 0 ? p.k.batch_stride / p.k.row_stride : 0;
-  if (p.k.row_stride <= 0 || p.k.batch_stride % p.k.row_stride != 0 || rows < p.seqlen_k)
+  if (p.k.row_stride <= 0 || p.v.row_stride <= 0)
+    return invalid("leftpad_k needs k.row_stride and v.row_stride > 0; got " + to_string(p.k.row_stride) + ", " +
+                   to_string(p.v.row_stride));
+  if (p.batch == 1) return ok();  // (one sequence: its rows start at row 0 whatever the batch strides)
+  const int64_t rows = p.k.batch_stride / p.k.row_stride;
+  if (p.k.batch_stride % p.k.row_stride != 0 || rows < p.seqlen_k)
     return invalid("leftpad_k needs k.batch_stride to be a whole number of rows (k.row_stride = " +
                    to_string(p.k.row_stride) + ") of at least seqlen_k = " + to_string(p.seqlen_k) +
                    " rows (a [batch, rows, heads_kv, d] cache); got " + to_string(p.k.batch_stride));
-  if (p.v.row_stride <= 0 || p.v.batch_stride != rows * p.v.row_stride)
+  if (p.v.batch_stride != rows * p.v.row_stride)
     return invalid("leftpad_k needs v.batch_stride = " + to_string(rows) + " * v.row_stride = " +
                    to_string(rows * p.v.row_stride) + " (K's rows per batch entry); got " + to_string(p.v.batch_stride));
   if ((static_cast<int64_t>(p.batch) - 1) * rows + p.seqlen_k > INT32_MAX)
