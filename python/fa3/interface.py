@@ -369,15 +369,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if k is not None:
         if varlen_q:
             raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q) in e4m3")
-        s_new = k.shape[1]
-        pos = positions_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]  # [b, s_new]
+        steps = torch.arange(k.shape[1], device=dev)[None, :]
+        pos = positions_base.long()[:, None] + steps  # [b, s_new]
         if rotary_cos is not None:  # (positions past the table read its last row, as the kernel)
-            row = (rotary_base.long()[:, None] + torch.arange(s_new, device=dev)[None, :]).clamp(
-                0, rotary_cos.shape[0] - 1)
+            row = (rotary_base.long()[:, None] + steps).clamp(0, rotary_cos.shape[0] - 1)
             k = _rotary(k, rotary_cos[row], rotary_sin[row], rotary_interleaved)
         _append_rows(k_cache, page_table, pos, k)
         _append_rows(v_cache, page_table, pos, v)
-        seqused_k = positions_base + s_new
+        seqused_k = positions_base + k.shape[1]
     if rotary_cos is not None:
         if varlen_q:
             raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3")

@@ -13,6 +13,7 @@
 
 #include "src/api/limits.h"
 #include "src/api/status.h"
+#include "src/attention/append_kv.h"
 #include "src/attention/combine.h"
 #include "src/fp8/quantize_fp8.h"
 
@@ -430,7 +431,7 @@ Status check_leftpad(const fa3_fwd_params& p) {
     return invalid("leftpad_k needs k.row_stride and v.row_stride > 0; got " + to_string(p.k.row_stride) + ", " +
                    to_string(p.v.row_stride));
   if (p.batch == 1) return ok();  // (one sequence: its rows start at row 0 whatever the batch strides)
-  const int64_t rows = p.k.batch_stride / p.k.row_stride;
+  const int64_t rows = attn::leftpad_rows_per_batch(p);
   if (p.k.batch_stride % p.k.row_stride != 0 || rows < p.seqlen_k)
     return invalid("leftpad_k needs k.batch_stride to be a whole number of rows (k.row_stride = " +
                    to_string(p.k.row_stride) + ") of at least seqlen_k = " + to_string(p.seqlen_k) +
@@ -438,9 +439,9 @@ Status check_leftpad(const fa3_fwd_params& p) {
   if (p.v.batch_stride != rows * p.v.row_stride)
     return invalid("leftpad_k needs v.batch_stride = " + to_string(rows) + " * v.row_stride = " +
                    to_string(rows * p.v.row_stride) + " (K's rows per batch entry); got " + to_string(p.v.batch_stride));
-  if ((static_cast<int64_t>(p.batch) - 1) * rows + p.seqlen_k > INT32_MAX)
+  if (attn::leftpad_total_rows(p) > INT32_MAX)
     return invalid("leftpad_k: the cache's rows ((batch - 1) * k.batch_stride / k.row_stride + seqlen_k = " +
-                   to_string((static_cast<int64_t>(p.batch) - 1) * rows + p.seqlen_k) + ") must be < 2^31");
+                   to_string(attn::leftpad_total_rows(p)) + ") must be < 2^31");
   return ok();
 }
 

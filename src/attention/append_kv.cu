@@ -77,10 +77,11 @@ __device__ int64_t row_offset(const fa3_tensor& t, bool packed, int64_t r, RowOf
 // Work units, a warp each: new key/value rows x heads_kv ([batch][seqlen_new], or total_new packed
 // rows), then (rotate_q) query rows x heads_q ([batch][seqlen_q], or total_q packed rows). Block 0
 // also writes the key counts (seqused: with new keys or left padding) and, with left padding, the
-// packed rows' starts (cu_k, int32 [batch + 1]; rows_per_batch: K's batch stride in rows).
+// packed rows' starts (cu_k, int32 [batch + 1]; rows_per_batch and total_rows: append_kv.h).
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, int* cu_k,
-                                                             int64_t rows_per_batch, T* q_out, bool windowed) {
+                                                             int64_t rows_per_batch, int total_rows, T* q_out,
+                                                             bool windowed) {
   const int lane = threadIdx.x % 32;
   const bool packed_new = a.cu_seqlens_new != nullptr, packed_q = a.cu_seqlens_q != nullptr;
   if (blockIdx.x == 0 && seqused != nullptr) {
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
       if (cu_k != nullptr) cu_k[b] = int(b * rows_per_batch) + start;
     }
     // (packed rows end at the last entry's rows: nothing past the cache is in the attention's K)
-    if (cu_k != nullptr && threadIdx.x == 0) cu_k[a.batch] = int((a.batch - 1) * rows_per_batch) + a.seqlen_k;
+    if (cu_k != nullptr && threadIdx.x == 0) cu_k[a.batch] = total_rows;
   }
   const int64_t new_rows = packed_new ? a.total_new : int64_t(a.batch) * a.seqlen_new;
   const int64_t kv_units = a.k_new.data != nullptr ? new_rows * a.heads_kv : 0;
@@ -174,7 +175,7 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
   if (w.counts) r.seqused_k = reinterpret_cast<const int32_t*>(at(w.seqused));
   if (a.leftpad_k != nullptr) {  // packed keys: sequence b's from row b * rows + leftpad_k[b] (validated)
     r.cu_seqlens_k = reinterpret_cast<const int32_t*>(at(w.cu_k));
-    r.total_k = int32_t((int64_t(a.batch) - 1) * (a.k.batch_stride / a.k.row_stride) + a.seqlen_k);
+    r.total_k = int32_t(leftpad_total_rows(a));
     r.leftpad_k = nullptr;
   }
   if (w.rotate_q) {  // (packed rows: the batch stride is not read)
@@ -197,7 +198,8 @@ Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStre
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   int* seqused = w.counts ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
   int* cu_k = a.leftpad_k != nullptr ? reinterpret_cast<int*>(base + w.cu_k) : nullptr;
-  const int64_t rows_per_batch = a.leftpad_k != nullptr ? a.k.batch_stride / a.k.row_stride : 0;
+  const int64_t rows_per_batch = a.leftpad_k != nullptr ? leftpad_rows_per_batch(a) : 0;
+  const int total_rows = a.leftpad_k != nullptr ? int(leftpad_total_rows(a)) : 0;
   const int64_t kv_units = a.k_new.data != nullptr ? new_key_rows(a) * a.heads_kv : 0;
   const int64_t q_units = w.rotate_q ? query_rows(a) * a.heads_q : 0;
   const int64_t blocks = std::max<int64_t>(1, (kv_units + q_units + kWarps - 1) / kWarps);
@@ -207,10 +209,10 @@ Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStre
   // (e4m3 comes here with left padding alone, which reads and writes no element: either type serves)
   if (a.dtype == FA3_DTYPE_BF16)
     return hopper::launch<append_kernel<__nv_bfloat16>>(
-        unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k, rows_per_batch,
+        unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k, rows_per_batch, total_rows,
         w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed);
   return hopper::launch<append_kernel<__half>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
-                                               rows_per_batch,
+                                               rows_per_batch, total_rows,
                                                w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr,
                                                windowed);
 }

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "fa3/fa3_c.h"
 #include "src/api/status.h"
@@ -20,6 +21,16 @@ namespace fa3::attn {
 // rows of a left-padded cache to count).
 inline bool has_append(const fa3_fwd_params& a) {
   return a.k_new.data != nullptr || a.rotary_cos != nullptr || a.leftpad_k != nullptr;
+}
+
+// A left-padded cache read as packed rows (leftpad_k): sequence b's rows start at b x K's batch
+// stride in rows (validated a whole number, the same for V; unused with one sequence), and the
+// packed rows end with the last sequence's seqlen_k rows.
+inline int64_t leftpad_rows_per_batch(const fa3_fwd_params& a) {
+  return a.batch > 1 ? a.k.batch_stride / a.k.row_stride : 0;
+}
+inline int64_t leftpad_total_rows(const fa3_fwd_params& a) {
+  return (int64_t(a.batch) - 1) * leftpad_rows_per_batch(a) + a.seqlen_k;
 }
 
 // Its share of the workspace, first in it: the key counts (int32 [batch], with new keys or left
