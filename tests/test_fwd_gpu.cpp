@@ -178,8 +178,8 @@ TEST(FwdGpu, EveryInstantiationByName) {
 // Attention sinks on every path: the Hopper kernels' epilogue (rows that see no key get O = 0 and
 // LSE = the sink: causal with seqlen_q > seqlen_k, windows, empty sequences, whole tiles the
 // producer zeroes), the decode kernel with one split (its own epilogue) and with several (the
-// combine adds the sink once), pack-GQA rows of several heads, e4m3, paged, and the reference
-// kernel (a negative scale; e4m3 with softcap).
+// combine adds the sink once), pack-GQA rows of several heads, e4m3 (with softcap too), paged, and
+// the reference kernel (a negative scale; e4m3 with softcap and block descales).
 TEST(FwdGpu, SinksAgainstCpu) {
   FA3_REQUIRE_GPU();
   std::vector<std::pair<FwdCase, bool>> cases;  // (case, on the Hopper kernel)
@@ -258,9 +258,10 @@ TEST(FwdGpu, SinksAgainstCpu) {
     c.q_block = 64;
     c.kv_block = 128;
     add(c);
-    c.q_block = c.kv_block = 0;
-    c.softcap = 20.f;  // e4m3 with softcap: the reference kernel
+    c.softcap = 20.f;  // e4m3 with softcap and block descales: the reference kernel
     add(c, false);
+    c.q_block = c.kv_block = 0;  // e4m3 with softcap: the Hopper kernel
+    add(c);
   }
   {
     FwdCase c;  // a negative softmax scale: the reference kernel
@@ -1582,6 +1583,27 @@ TEST(FwdGpu, Fp8QuantizedPipeline) {
     }
 }
 
+// FP8 with softcap (per-head descales, which go inside the tanh: score_mod.cuh) on the FP8 cases,
+// caps from near-linear (30) to saturating (0.5, where most scores sit at +-c), against the double
+// reference on the de-quantized inputs; descales differ per (batch, kv head), so a tanh that missed
+// them, or an exp2 scale that took them a second time, would be off by their ratio. 4097 against
+// the oracle.
+TEST(FwdGpu, Fp8Softcap) {
+  FA3_REQUIRE_GPU();
+  std::vector<FwdCase> cases = fp8_cases();
+  const float caps[] = {30.f, 5.f, 0.5f};
+  for (size_t i = 0; i < cases.size(); ++i) cases[i].softcap = caps[i % 3];
+  expect_fp8_matches_reference(cases);
+  FwdCase c;
+  c.dtype = FA3_DTYPE_E4M3;
+  c.seqlen_q = c.seqlen_k = 4097;
+  c.softcap = 10.f;
+  for (bool causal : {false, true}) {
+    c.causal = causal;
+    run_fwd_case(c, true, /*use_oracle=*/true);
+  }
+}
+
 // A few small FP8 problems (every head dim, masks, varlen with an empty sequence, GQA): the
 // sanitizer's cases (tools/gpu-check.sh), the V transposer's rings included.
 TEST(FwdGpu, Fp8SmallCases) {
@@ -1603,6 +1625,9 @@ TEST(FwdGpu, Fp8SmallCases) {
     run_fwd_case(c);
     c.q_block = 64;  // block descales
     c.kv_block = 128;
+    run_fwd_case(c);
+    c.q_block = c.kv_block = 0;  // softcap (per-head descales)
+    c.softcap = 5.f;
     run_fwd_case(c);
   }
   // Fixed lengths from 4k keys: d256's 128-key tiles (unmasked; masked: shorter key sequences take
@@ -1639,11 +1664,13 @@ TEST(FwdGpu, Fp8SmallCases) {
 TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
   FA3_REQUIRE_GPU();
   FwdCase c;
-  c.dtype = FA3_DTYPE_E4M3;  // fp8 with softcap
+  c.dtype = FA3_DTYPE_E4M3;  // fp8 with softcap and block descales
   c.seqlen_q = 200;
   c.seqlen_k = 300;
   c.causal = true;
   c.softcap = 20.f;
+  c.q_block = 64;
+  c.kv_block = 128;
   EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
   run_fwd_case(c, /*expect_hopper=*/false);
   c = FwdCase();

@@ -204,14 +204,14 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
   if (g.chance(0.3)) c.guard_rows = g.chance(0.5) ? g.uniform(1, 16) : g.uniform(17, 300);
   if (c.softcap == 0.f && g.chance(0.05)) c.key_growth = 16.f;
 
-  // e4m3 operands in ~1 case of 8 (the FP8 kernels: no softcap; head dims and strides in whole
-  // 16-byte rows, as validation asks of one-byte elements).
+  // e4m3 operands in ~1 case of 8 (the FP8 kernels: softcap with per-head descales only; head
+  // dims and strides in whole 16-byte rows, as validation asks of one-byte elements).
   if (c.head_dim % 16 == 0 && c.head_dim_v % 16 == 0 && c.layout == Layout::kBSHD && g.chance(0.12)) {
     c.dtype = FA3_DTYPE_E4M3;
     if (c.page_size % 16 != 0) c.page_size = 16;  // (gathered pages: 16-bit kernels only)
-    c.softcap = 0.f;
     c.key_growth = 0.f;
-    if (g.chance(0.5)) {  // block descales (the WithBlockDescales kernels)
+    if (g.chance(0.5)) {  // block descales (the WithBlockDescales kernels; softcap goes: not with them)
+      c.softcap = 0.f;
       if (g.chance(0.7)) c.q_block = g.chance(0.5) ? g.uniform(1, 300) : 64;
       if (g.chance(0.8)) c.kv_block = 128 * g.uniform(1, 3);
     }
@@ -391,6 +391,7 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     if (c.page_size % 16 != 0) ++covered["paged, gathered pages"];
     if (c.dtype == FA3_DTYPE_E4M3) ++covered["e4m3"];
     if (c.dtype == FA3_DTYPE_E4M3 && (c.q_block > 0 || c.kv_block > 0)) ++covered["e4m3 block descales"];
+    if (c.dtype == FA3_DTYPE_E4M3 && c.softcap > 0) ++covered["e4m3 softcap"];
     if (c.sinks) ++covered["sinks"];
     if (c.workspace) ++covered["workspace (decode path)"];
     if (c.head_dim_v != c.head_dim) ++covered["d_qk != d_v"];
@@ -428,7 +429,8 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
   if (!single && run >= 1000 && failures == 0)
     for (const char* what : {"softcap", "paged", "paged, packed queries", "paged, gathered pages",
                              "workspace (decode path)", "d_qk != d_v",
-                             "causal", "window", "guard rows", "gqa/mqa", "e4m3", "e4m3 block descales", "sinks"})
+                             "causal", "window", "guard rows", "gqa/mqa", "e4m3", "e4m3 block descales", "e4m3 softcap",
+                             "sinks"})
       EXPECT_GT(covered[what], 0) << "no random case drew " << what;
 }
 

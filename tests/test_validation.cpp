@@ -185,6 +185,16 @@ TEST_F(FwdValidation, E4m3WithDescalesPasses) {
   a.descale_batch_stride = kHeadsKv;
   a.descale_head_stride = 1;
   EXPECT_TRUE(Passes(fa3::validate(a)));
+  // Softcap on the FP8 Hopper kernels with per-head descales; with block descales on the
+  // reference kernel (its tanh would need each row's and key block's factor).
+  a.softcap = 30.f;
+  const char* name = nullptr;
+  ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
+  EXPECT_STREQ(name, "hopper");
+  static const float kFactors[1] = {1.f};
+  a.k_block_descale = {kFactors, 0, 0, 128, (kSeqK + 127) / 128};
+  ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
+  EXPECT_STREQ(name, "reference-gpu");
 }
 
 TEST_F(FwdValidation, MqaPasses) {

@@ -6,8 +6,9 @@
     fa3.hf.register()                                      # attn_implementation="fa3"
     fa3.distributed.ring_attn_func(q, k, v, causal=True)   # a sequence split over a process group
 
-The operators are ``torch.ops.fa3.fwd`` / ``torch.ops.fa3.bwd`` (dispatcher ops with fake kernels
-and autograd: torch.compile, torch.export and CUDA graphs work through them).
+The operators are ``torch.ops.fa3.fwd`` / ``bwd`` / ``fwd_kvcache`` / ``combine`` / ``quantize_fp8``
+(dispatcher ops with fake kernels, and autograd for fwd: torch.compile, torch.export and CUDA graphs
+work through them).
 """
 
 from . import _ops

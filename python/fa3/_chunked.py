@@ -67,6 +67,36 @@ def chunked_varlen_args(q: torch.Tensor, k: torch.Tensor, chunk: int, *, cu_seql
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=min(chunk, max_seqlen_k))
 
 
+def cache_group_args(len_q: torch.Tensor, first_q: torch.Tensor, len_k: torch.Tensor, chunk: int, seqlen_k: int, *,
+                     first_k: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
+                     page_size: int = 0) -> dict:
+    """The grouped call's arguments for a KV cache (flash_attn_with_kvcache): each sequence's queries
+    as packed rows from first_q (len_q of them), its keys the cache's first len_k (<= seqlen_k), and
+    per group:
+     - a contiguous cache viewed as packed rows (first_k: each sequence's first key row): the
+       group's first row (cu_seqlens_k) and its key count (seqused_k: the sequences of a cache are
+       not back to back, so the counts are not the differences of the starts);
+     - a paged cache: a page-table row of its own that starts at its chunk's first page (``chunk`` a
+       multiple of ``page_size``, so chunks start on a page), and its key count (seqused_k).
+    Returns cu_seqlens_q, seqused_k, max_seqlen_k, and cu_seqlens_k or page_table."""
+    chunks = max(1, -(-seqlen_k // chunk))
+    q_bounds, k_bounds = group_bounds(len_q, len_k, chunk, chunks)
+    args = dict(cu_seqlens_q=cu_seqlens(first_q, q_bounds),
+                seqused_k=(k_bounds[:, 1:] - k_bounds[:, :-1]).flatten().to(torch.int32),
+                max_seqlen_k=min(chunk, seqlen_k))
+    if page_table is None:
+        args["cu_seqlens_k"] = cu_seqlens(first_k, k_bounds)
+        return args
+    batch, groups, per_chunk = page_table.shape[0], chunks + 1, chunk // page_size
+    first_page = torch.div(k_bounds[:, :-1], page_size, rounding_mode="floor")  # [batch, groups]
+    steps = torch.arange(per_chunk, device=page_table.device, dtype=torch.int64)
+    # (entries past a sequence's table are never read: the group's keys end inside it; clamped so
+    # that the gather itself stays inside)
+    cols = (first_page[:, :, None] + steps).clamp(max=page_table.shape[1] - 1).reshape(batch, groups * per_chunk)
+    args["page_table"] = torch.gather(page_table, 1, cols).reshape(batch * groups, per_chunk)
+    return args
+
+
 def packed(t: torch.Tensor, is_packed: bool) -> torch.Tensor:
     """[batch, seqlen, heads, d] as [batch * seqlen, heads, d] (a view where strides allow)."""
     return t if is_packed else t.reshape(-1, *t.shape[2:])

@@ -1,7 +1,7 @@
 """fa3's dispatcher operators: loading the compiled library, fake kernels and autograd.
 
 The operators themselves (``torch.ops.fa3.fwd``, ``torch.ops.fa3.bwd``, ``torch.ops.fa3.fwd_kvcache``,
-``torch.ops.fa3.combine``) are C++ (src/torch/
+``torch.ops.fa3.combine``, ``torch.ops.fa3.quantize_fp8``) are C++ (src/torch/
 torch_ops.cpp) built against PyTorch's stable ABI. What PyTorch needs besides the CUDA kernel is
 registered here: a fake (meta) kernel per operator, so that torch.compile, torch.export and
 FakeTensor tracing know the output shapes without running anything, and the autograd formula of

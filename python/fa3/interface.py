@@ -4,8 +4,9 @@ Same names, arguments, defaults and return conventions, so that ``import fa3 as
 flash_attn_interface`` works for code written against FlashAttention-3: BSHD tensors, ``out`` or
 ``(out, softmax_lse)``, softmax_lse in natural log, [batch, heads, seqlen] (varlen: [heads, total_q]).
 
-What fa3 does not implement raises NotImplementedError naming the argument (``qv``,
-``attention_chunk`` in ``flash_attn_with_kvcache``, a backward through an FP8 or paged forward). Tuning hints
+What fa3 does not implement raises NotImplementedError naming the argument (``qv``, and a
+few combinations each function names); a backward through an FP8 or paged forward raises
+RuntimeError saying so. Tuning hints
 that fa3 does not need are accepted and have no effect: ``pack_gqa``, ``sm_margin``,
 ``scheduler_metadata``.
 """
@@ -269,6 +270,83 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
     return torch.cat((out.to(x.dtype), x[..., rot:]), dim=-1)
 
 
+def _cache_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, leftpad: Optional[torch.Tensor],
+                seqused_k: Optional[torch.Tensor], entries: Optional[torch.Tensor] = None):
+    """A contiguous cache [entries, seqlen_cache, heads_kv, d] as packed key rows: the caches viewed
+    as [rows, heads_kv, d] in place (no copy); sequence b's keys start at row e x (the batch stride
+    in rows) + its padding (e = entries[b], cache_batch_idx, else b), as many as it has past the
+    padding. That is what fa3's call does for left-padded 16-bit caches (fa3's kernels take packed
+    keys in any dtype); used here for left padding outside it (e4m3 caches, descales) and for
+    chunked attention (attention_chunk). Clamped as fa3's call clamps them, on the device (no
+    sync): a sequence's end (seqused_k, else seqlen_cache) to [0, seqlen_cache], its padding
+    (leftpad, None: 0) to [0, end]. Returns (k_rows, v_rows, first_row, key_count): int32 [batch]."""
+    num, length = k_cache.shape[0], k_cache.shape[1]
+    if entries is None and num != batch:
+        raise ValueError(f"fa3: k_cache: expected one entry per sequence ({batch}), got {num}")
+    if leftpad is not None and tuple(leftpad.shape) != (batch,):
+        raise ValueError(f"fa3: cache_leftpad: expected shape ({batch},) (the batch), got {tuple(leftpad.shape)}")
+    if v_cache.shape[:2] != k_cache.shape[:2]:
+        raise ValueError(f"fa3: v_cache: expected the batch and length of k_cache {tuple(k_cache.shape[:2])}, "
+                         f"got {tuple(v_cache.shape[:2])}")
+    rows = []
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if num == 1:  # (one entry: its batch stride is never used)
+            rows.append(length)
+            continue
+        if t.stride(1) <= 0 or t.stride(0) % t.stride(1) != 0 or t.stride(0) // t.stride(1) < length:
+            raise ValueError(f"fa3: {name}: its batch stride must be a whole number of its rows (>= seqlen_cache) "
+                             f"to read it as packed rows; got strides {tuple(t.stride())}")
+        rows.append(t.stride(0) // t.stride(1))
+    if rows[0] != rows[1]:
+        raise ValueError(f"fa3: k_cache and v_cache must hold the same rows per batch entry to read them as "
+                         f"packed rows; got {rows[0]} and {rows[1]}")
+    total = (num - 1) * rows[0] + length
+
+    def packed(t):
+        return t.as_strided((total,) + tuple(t.shape[2:]), (t.stride(1),) + tuple(t.stride()[2:]), t.storage_offset())
+    dev = k_cache.device
+    end = seqused_k.to(torch.int32) if seqused_k is not None else torch.full((batch,), length, dtype=torch.int32,
+                                                                             device=dev)
+    end = end.clamp(0, length)
+    pad = torch.zeros_like(end) if leftpad is None else torch.minimum(leftpad.to(torch.int32).clamp(min=0), end)
+    entry = torch.arange(batch, dtype=torch.int32, device=dev) if entries is None else entries.to(torch.int32)
+    return packed(k_cache), packed(v_cache), entry * rows[0] + pad, (end - pad).to(torch.int32)
+
+
+def _kvcache_chunked(q, k_cache, v_cache, chunk, cu_seqlens_q, max_seqlen_q, seqused_k, seqlen_k, page_table,
+                     leftpad, entries, descales, kwargs):
+    """flash_attn_with_kvcache's attention_chunk: one grouped varlen call (_chunked.py) over the
+    cache, read in place — a contiguous one as packed rows (_cache_rows), a paged one through a
+    page-table row per group (chunks a multiple of the page size). Returns (out, lse) in the
+    caller's layouts."""
+    packed_q = cu_seqlens_q is not None
+    batch = cu_seqlens_q.shape[0] - 1 if packed_q else q.shape[0]
+    len_q, first_q = _chunked._lengths(q, cu_seqlens_q)
+    if page_table is None or entries is not None:
+        k_rows, v_rows, first_k, len_k = _cache_rows(k_cache, v_cache, batch, leftpad, seqused_k, entries)
+        args = _chunked.cache_group_args(len_q, first_q, len_k.long(), chunk, seqlen_k, first_k=first_k.long())
+    else:
+        page_size = k_cache.shape[1]
+        if chunk % page_size != 0:
+            raise _not_supported("attention_chunk", f"chunks of {chunk} keys on pages of {page_size} rows (a "
+                                                    "paged cache is chunked where chunks are whole pages)")
+        len_k = (seqused_k.long() if seqused_k is not None else
+                 torch.full((batch,), seqlen_k, dtype=torch.int64, device=q.device)).clamp(0, seqlen_k)
+        k_rows, v_rows = k_cache, v_cache
+        args = _chunked.cache_group_args(len_q, first_q, len_k, chunk, seqlen_k, page_table=page_table,
+                                         page_size=page_size)
+    per_sequence = (args["cu_seqlens_q"].shape[0] - 1) // batch  # groups of each sequence
+    descales = [None if t is None else t.repeat_interleave(per_sequence, dim=0) for t in descales]
+    with torch.no_grad():
+        out, lse = _ops.fwd(_chunked.packed(q, packed_q), k_rows, v_rows,
+                            max_seqlen_q=int(max_seqlen_q or 0) if packed_q else q.shape[1],
+                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], **args, **kwargs)
+    if packed_q:
+        return out, lse
+    b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
+    return out.reshape(b, s_q, h, out.shape[-1]), lse.reshape(h, b, s_q).permute(1, 0, 2).contiguous()
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
                             cache_batch_idx: Optional[torch.Tensor] = None,
@@ -291,16 +369,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     also with packed queries (cu_seqlens_q) and packed new keys (cu_seqlens_k_new: k, v
     [total_new, heads_kv, d]); with e4m3 they are PyTorch operations before it (dense queries and
     new keys only; no device sync either way). cache_batch_idx maps each batch entry to a cache row.
-    cache_leftpad (int32 [batch], a contiguous cache, fp16/bf16): sequence b's keys are cache rows
+    cache_leftpad (int32 [batch], a contiguous cache): sequence b's keys are cache rows
     cache_leftpad[b] .. cache_seqlens[b] + new keys - 1 (FlashAttention-3's; the new keys and their
     rotary positions still count from row 0). rotary_seqlens (int32 [batch]): the rotary position of
     each sequence's first new key (and of its queries), in place of cache_seqlens.
     learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
+    attention_chunk > 0 (FlashAttention-3's semantics, as flash_attn_func's): one grouped call over
+    the cache in place (contiguous caches as packed rows, paged ones where a chunk is whole pages),
+    the append and rotary then by PyTorch operations (dense queries and new keys).
     Not differentiable (as FlashAttention-3's).
     """
     _check_common(qv)
-    if _chunk(attention_chunk):
-        raise _not_supported("attention_chunk", "chunked attention in flash_attn_with_kvcache")
+    chunk = _chunk(attention_chunk)
     if cu_seqlens_k_new is not None and k is None:
         raise ValueError("fa3: cu_seqlens_k_new: given without new keys k, v")
     if (k is None) != (v is None):
@@ -323,6 +403,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             raise ValueError("fa3: cache_leftpad: cannot be combined with page_table or cache_batch_idx "
                              "(a left-padded cache is a contiguous [batch, seqlen_cache, heads_kv, d] one)")
         cache_leftpad = cache_leftpad.to(torch.int32)
+    entries = cache_batch_idx  # (chunked attention reads the contiguous cache as packed rows)
     if cache_batch_idx is not None:
         if page_table is not None:
             raise ValueError("fa3: cache_batch_idx: cannot be combined with page_table")
@@ -336,11 +417,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqlen_k = page_table.shape[1] * k_cache.shape[1]
     if rotary_seqlens is not None:
         rotary_seqlens = rotary_seqlens.to(torch.int32)
+    # A chunk that holds every key of a causal call changes nothing (as in flash_attn_func).
+    chunked = chunk > 0 and not (chunk >= seqlen_k and causal)
     fused = (k is not None or rotary_cos is not None or cache_leftpad is not None) \
         and q.dtype in (torch.float16, torch.bfloat16) and q_descale is None and k_descale is None \
-        and v_descale is None and _ops.available() and q.is_cuda
-    if cache_leftpad is not None and not fused:
-        raise _not_supported("cache_leftpad", "with e4m3 caches, descales, or off the GPU")
+        and v_descale is None and not chunked and _ops.available() and q.is_cuda
     if fused:  # the append, rotary and left padding in fa3's call (fa3::fwd_kvcache)
         if k is not None:  # the kernel takes q's dtype and a contiguous head dim
             k, v = (t.to(q.dtype) for t in (k, v))
@@ -357,7 +438,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                 int(max_seqlen_q or 0), cu_seqlens_k_new, cache_leftpad, rotary_seqlens)
         return (out, lse) if return_softmax_lse else out
     if cu_seqlens_k_new is not None:
-        raise _not_supported("cu_seqlens_k_new", "packed new keys with e4m3 or off the GPU")
+        raise _not_supported("cu_seqlens_k_new", "packed new keys with e4m3, attention_chunk or off the GPU")
     # Where the new tokens start in each sequence (the append and rotary only; a plain decode
     # call allocates nothing here).
     positions_base = None
@@ -368,7 +449,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
     if k is not None:
         if varlen_q:
-            raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q) in e4m3")
+            raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q) in e4m3 or with "
+                                         "attention_chunk")
         steps = torch.arange(k.shape[1], device=dev)[None, :]
         pos = positions_base.long()[:, None] + steps  # [b, s_new]
         if rotary_cos is not None:  # (positions past the table read its last row, as the kernel)
@@ -379,7 +461,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         seqused_k = positions_base + k.shape[1]
     if rotary_cos is not None:
         if varlen_q:
-            raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3")
+            raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3 or "
+                                               "with attention_chunk")
         # As FlashAttention-3: causal / local queries sit at cache_seqlens + i, the others all at
         # cache_seqlens; a window that reaches every key is none (the kernels' rule too).
         s_q = q.shape[1]
@@ -389,14 +472,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         row_q = pos_q.clamp(0, rotary_cos.shape[0] - 1)
         q = _rotary(q, rotary_cos[row_q], rotary_sin[row_q], rotary_interleaved)
 
+    kwargs = dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
+                  softcap=float(softcap), num_splits=int(num_splits), sinks=_sinks(learnable_sink))
+    if chunked:  # (after the append, which writes at cache_seqlens from row 0)
+        out, lse = _kvcache_chunked(q, k_cache, v_cache, chunk, cu_seqlens_q, max_seqlen_q, seqused_k, int(seqlen_k),
+                                    page_table, cache_leftpad, entries, (q_descale, k_descale, v_descale), kwargs)
+        return (out, lse) if return_softmax_lse else out
+    cu_seqlens_k = None
+    if cache_leftpad is not None:  # the cache as packed rows from each sequence's padding on
+        k_cache, v_cache, first, seqused_k = _cache_rows(k_cache, v_cache, batch, cache_leftpad, seqused_k)
+        cu_seqlens_k = torch.cat([first, torch.full((1,), k_cache.shape[0], dtype=torch.int32, device=dev)])
     with torch.no_grad():
         out, lse = _ops.fwd(
-            q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q,
+            q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             seqused_k=seqused_k, max_seqlen_q=int(max_seqlen_q or 0), max_seqlen_k=int(seqlen_k),
-            page_table=page_table, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-            softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl,
-            window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
-            sinks=_sinks(learnable_sink))
+            page_table=page_table, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **kwargs)
     return (out, lse) if return_softmax_lse else out
 
 

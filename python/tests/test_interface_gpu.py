@@ -286,6 +286,68 @@ def test_kvcache_left_padding_and_rotary_positions(s_new):
                                     cache_batch_idx=torch.arange(b, dtype=torch.int32, device=DEV))
 
 
+def test_kvcache_left_padding_e4m3():
+    """cache_leftpad with an e4m3 cache and per-(batch, kv head) descales: the new keys appended by
+    PyTorch operations at cache_seqlens, then fa3's FP8 kernel on the caches viewed in place as
+    packed rows from each sequence's padding on; against float64 on the de-quantized values."""
+    torch.manual_seed(26)
+    b, h, hkv, d, cache_len, s_new = 3, 16, 2, 128, 512, 2
+    e4m3 = torch.float8_e4m3fn
+    lens = torch.tensor([5, 100, 400], dtype=torch.int32, device=DEV)
+    pad = torch.tensor([5, 30, 257], dtype=torch.int32, device=DEV)
+    k_full, v_full = (rand(b, cache_len, hkv, d, dtype=torch.bfloat16).to(e4m3) for _ in range(2))
+    k_new, v_new = (rand(b, s_new, hkv, d, dtype=torch.bfloat16).to(e4m3) for _ in range(2))
+    q = rand(b, s_new, h, d, dtype=torch.bfloat16).to(e4m3)
+    qd, kd, vd = (torch.rand(b, hkv, device=DEV) + 0.5 for _ in range(3))
+    k_cache, v_cache = k_full.clone(), v_full.clone()
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, cache_leftpad=pad,
+                                      causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+    assert out.dtype == torch.bfloat16
+    want = []
+    for i in range(b):
+        n, p = int(lens[i]), int(pad[i])
+        assert torch.equal(k_cache[i, n:n + s_new].view(torch.uint8), k_new[i].view(torch.uint8))
+        keys = torch.cat([k_full[i:i + 1, p:n], k_new[i:i + 1]], dim=1).float() * kd[i][None, None, :, None]
+        vals = torch.cat([v_full[i:i + 1, p:n], v_new[i:i + 1]], dim=1).float() * vd[i][None, None, :, None]
+        qi = q[i:i + 1].float() * qd[i].repeat_interleave(h // hkv)[None, None, :, None]
+        want.append(ref_attention(qi, keys, vals, causal=True)[0])
+    # P rounded to e4m3 on the FP8 kernel (as test_fp8_forward_error_is_stated), over all 96 rows:
+    # a row's own error does not average (fp8_tolerance in the C++ tests)
+    assert rel_err(out, torch.cat(want)) <= 3e-2
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("s_q", [1, 4])
+def test_kvcache_attention_chunk(paged, s_q):
+    """flash_attn_with_kvcache with attention_chunk (Llama 4's chunked layers): new keys appended,
+    then the cache read in place as one grouped call (contiguous: packed rows; paged: a page-table
+    row per group), queries across a chunk boundary for s_q = 4; against float64 per sequence."""
+    torch.manual_seed(27 + s_q)
+    b, h, hkv, d, length, chunk, page = 3, 8, 2, 128, 2048, 512, 256
+    lens = torch.tensor([1, 510, 1500], dtype=torch.int32, device=DEV)  # 510 + 4: across 512
+    k_full, v_full = (rand(b, length, hkv, d, dtype=torch.bfloat16) for _ in range(2))
+    k_new, v_new = (rand(b, s_q, hkv, d, dtype=torch.bfloat16) for _ in range(2))
+    q = rand(b, s_q, h, d, dtype=torch.bfloat16)
+    kw = dict(cache_seqlens=lens, causal=True, attention_chunk=chunk, return_softmax_lse=True)
+    if paged:
+        n = b * length // page
+        perm = torch.randperm(n, device=DEV)
+        k_cache, v_cache = (torch.empty(n, page, hkv, d, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+        k_cache[perm], v_cache[perm] = k_full.reshape(n, page, hkv, d), v_full.reshape(n, page, hkv, d)
+        table = perm.to(torch.int32).reshape(b, length // page)
+        out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, page_table=table, **kw)
+        k_after, v_after = (t[perm].reshape(b, length, hkv, d) for t in (k_cache, v_cache))
+    else:
+        k_after, v_after = k_full.clone(), v_full.clone()
+        out, lse = fa3.flash_attn_with_kvcache(q, k_after, v_after, k_new, v_new, **kw)
+    for i in range(b):
+        n = int(lens[i]) + s_q
+        assert torch.equal(k_after[i, n - s_q:n], k_new[i]) and torch.equal(v_after[i, n - s_q:n], v_new[i])
+        want, want_lse = ref_attention(q[i:i + 1], k_after[i:i + 1, :n], v_after[i:i + 1, :n], causal=True, chunk=chunk)
+        assert rel_err(out[i:i + 1], want) <= 1e-2
+        assert torch.allclose(lse[i:i + 1].double(), want_lse, atol=1e-3, rtol=1e-3)
+
+
 def test_fp8_forward_error_is_stated():
     torch.manual_seed(6)
     q, k, v = (rand(1, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
@@ -296,6 +358,23 @@ def test_fp8_forward_error_is_stated():
     assert out.dtype == torch.bfloat16
     # e4m3 operands (P too, on the Hopper kernel): the error vs the quantised inputs' attention,
     # 2.43e-2 measured on the H200 (2026-12-01)
+    assert rel_err(out, ref) <= 3e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_softcap_with_descales(causal):
+    """e4m3 with softcap on the Hopper kernel: the descales (a different one per (batch, kv head))
+    go inside the tanh; against float64 attention on the de-quantized inputs."""
+    torch.manual_seed(9)
+    q, k, v = (rand(2, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    k8, v8 = k8[:, :, :2], v8[:, :, :2]  # GQA 2:1
+    qd, kd, vd = (torch.rand(2, 2, device=DEV) + 0.5 for _ in range(3))
+    out = fa3.flash_attn_func(q8, k8, v8, causal=causal, softcap=2.0, q_descale=qd, k_descale=kd, v_descale=vd)
+    deq = [t.float() * d[:, None, :, None] for t, d in ((q8, qd.repeat_interleave(2, dim=1)), (k8, kd), (v8, vd))]
+    ref, _ = ref_attention(*deq, causal=causal, softcap=2.0)
+    assert out.dtype == torch.bfloat16
+    # as test_fp8_forward_error_is_stated: P rounded to e4m3 on the Hopper kernel
     assert rel_err(out, ref) <= 3e-2
 
 

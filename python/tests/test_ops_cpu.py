@@ -189,9 +189,6 @@ def test_unsupported_arguments_are_named():
     x = meta(1, 4, 2, 64)
     with pytest.raises(NotImplementedError, match="qv"):
         fa3.flash_attn_func(x, x, x, qv=x)
-    # cache_leftpad runs in fa3's call on the GPU (16-bit caches); off it (here: meta) it is named.
-    with pytest.raises(NotImplementedError, match="cache_leftpad"):
-        fa3.flash_attn_with_kvcache(x, x, x, cache_leftpad=torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="cache_leftpad: cannot be combined with page_table"):
         fa3.flash_attn_with_kvcache(x, x, x, cache_leftpad=torch.zeros(1, dtype=torch.int32),
                                     page_table=torch.zeros(1, 1, dtype=torch.int32))
@@ -404,23 +401,45 @@ def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local)
     assert torch.equal(seen["q"], want)
 
 
-def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                     causal=False, window_left=-1, window_right=-1, softmax_scale=0.0, sinks=None, **kw):
-    """fa3::fwd on packed sequences in float64 (bottom-right masks per sequence, rows without a key:
-    O = 0, LSE = -inf or the sink), checking the caller's max_seqlen bounds as fa3's contract."""
-    assert cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32
-    assert cu_seqlens_q.shape == cu_seqlens_k.shape
+def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
+                     max_seqlen_q=0, max_seqlen_k=0, causal=False, window_left=-1, window_right=-1,
+                     softmax_scale=0.0, sinks=None, **kw):
+    """fa3::fwd on packed query rows in float64 (bottom-right masks per sequence, rows without a key:
+    O = 0, LSE = -inf or the sink), checking the caller's max_seqlen bounds as fa3's contract.
+    Sequence s's keys: packed rows from cu_seqlens_k[s], seqused_k[s] of them where given (else up to
+    cu_seqlens_k[s + 1]); or (page_table) pages [num_pages, page_size, h, d], seqused_k[s] keys
+    through page-table row s."""
+    assert cu_seqlens_q.dtype == torch.int32
+    groups = cu_seqlens_q.shape[0] - 1
+    if page_table is None:
+        assert cu_seqlens_k.dtype == torch.int32 and cu_seqlens_q.shape == cu_seqlens_k.shape
+    else:
+        assert cu_seqlens_k is None and page_table.dtype == torch.int32 and page_table.shape[0] == groups
+    if seqused_k is not None:
+        assert seqused_k.dtype == torch.int32 and seqused_k.shape == (groups,)
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
     scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
-    for s in range(cu_seqlens_q.shape[0] - 1):
-        q0, q1, k0, k1 = (int(x) for x in (cu_seqlens_q[s], cu_seqlens_q[s + 1], cu_seqlens_k[s], cu_seqlens_k[s + 1]))
+    for s in range(groups):
+        q0, q1 = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
+        if page_table is not None:
+            n, size = int(seqused_k[s]), k.shape[1]
+            assert page_table.shape[1] * size >= n
+            pages = [int(page_table[s, j // size]) for j in range(n)]
+            ks = torch.stack([k[pages[j], j % size] for j in range(n)]) if n else k[0, :0]
+            vs = torch.stack([v[pages[j], j % size] for j in range(n)]) if n else v[0, :0]
+        else:
+            k0 = int(cu_seqlens_k[s])
+            n = int(seqused_k[s]) if seqused_k is not None else int(cu_seqlens_k[s + 1]) - k0
+            assert k0 + n <= k.shape[0]
+            ks, vs = k[k0:k0 + n], v[k0:k0 + n]
+        k0, k1 = 0, n
         assert 0 <= q1 - q0 <= max_seqlen_q and 0 <= k1 - k0 <= max_seqlen_k
         if k1 == k0:  # a sequence without keys: O = 0, LSE = the sink or -inf
             if sinks is not None:
                 lse[:, q0:q1] = sinks.double()[:, None]
             continue
-        qs, ks, vs = q[q0:q1].double(), k[k0:k1].double(), v[k0:k1].double()
+        qs, ks, vs = q[q0:q1].double(), ks.double(), vs.double()
         g = qs.shape[1] // ks.shape[1]
         ks, vs = ks.repeat_interleave(g, 1), vs.repeat_interleave(g, 1)
         sc = torch.einsum("qhd,khd->hqk", qs, ks) * scale
@@ -526,5 +545,103 @@ def test_attention_chunk_arguments():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="attention_chunk"):
             fa3.flash_attn_func(q, q, q, attention_chunk=bad)
-    with pytest.raises(NotImplementedError, match="attention_chunk"):
-        fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=2)
+        with pytest.raises(ValueError, match="attention_chunk"):
+            fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=bad)
+    pages = torch.zeros(4, 16, 2, 8)
+    with pytest.raises(NotImplementedError, match="attention_chunk: chunks of 24 keys on pages of 16"):
+        fa3.flash_attn_with_kvcache(q, pages, pages, page_table=torch.zeros(1, 4, dtype=torch.int32),
+                                    cache_seqlens=40, attention_chunk=24)
+
+
+@pytest.mark.parametrize("cache,s_q,causal,window", [
+    ("contiguous", 1, True, (-1, -1)),   # a decode
+    ("contiguous", 3, True, (-1, -1)),   # speculative queries across a chunk boundary
+    ("leftpad", 3, True, (2, -1)),       # left padding, a window
+    ("batch_idx", 2, False, (-1, -1)),   # cache_batch_idx: entries in another order, not causal
+    ("paged", 3, True, (-1, -1)),        # pages of 4, chunks of 8: two pages a chunk
+    ("paged", 1, False, (-1, 3)),
+])
+@pytest.mark.parametrize("append", [False, True])
+def test_kvcache_attention_chunk_matches_its_definition(monkeypatch, cache, s_q, causal, window, append):
+    """flash_attn_with_kvcache with attention_chunk: the cache read in place as one grouped call
+    (contiguous caches as packed rows, paged ones through a page-table row per group), after the
+    append (PyTorch operations), against the definition in float64 on each sequence's keys."""
+    monkeypatch.setattr(_ops, "fwd", _varlen_stand_in)
+    monkeypatch.setattr(_ops, "available", lambda: True)
+    torch.manual_seed(len(cache) * 7 + s_q)
+    b, h, hkv, d, length, chunk, page = 3, 4, 2, 8, 24, 8, 4
+    lens = torch.tensor([5, 0, 17], dtype=torch.int32)  # the second: only its new keys, if any
+    full_k, full_v = torch.randn(b, length, hkv, d), torch.randn(b, length, hkv, d)
+    k_new = torch.randn(b, 2, hkv, d) if append else None
+    v_new = torch.randn(b, 2, hkv, d) if append else None
+    q = torch.randn(b, s_q, h, d)
+    pad = torch.tensor([1, 0, 6], dtype=torch.int32) if cache == "leftpad" else None
+    entries = torch.tensor([2, 0, 1], dtype=torch.int32) if cache == "batch_idx" else None
+    kw = dict(cache_seqlens=lens, cache_leftpad=pad, cache_batch_idx=entries, causal=causal, window_size=window,
+              attention_chunk=chunk, return_softmax_lse=True)
+    if cache == "paged":  # sequence i's cache in pages perm[i * 6 + c], c = 0 .. 5
+        perm = torch.randperm(b * length // page)
+        k_pages, v_pages = torch.empty(b * length // page, page, hkv, d), torch.empty(b * length // page, page, hkv, d)
+        k_pages[perm] = full_k.reshape(-1, page, hkv, d)
+        v_pages[perm] = full_v.reshape(-1, page, hkv, d)
+        table = perm.to(torch.int32).reshape(b, length // page)
+        out, lse = fa3.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, page_table=table, **kw)
+        k_after = k_pages[perm].reshape(b, length, hkv, d)
+        v_after = v_pages[perm].reshape(b, length, hkv, d)
+    else:
+        k_cache, v_cache = full_k.clone(), full_v.clone()
+        out, lse = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kw)
+        k_after, v_after = k_cache, v_cache
+    assert out.shape == (b, s_q, h, d) and lse.shape == (b, h, s_q)
+    for i in range(b):
+        e = int(entries[i]) if entries is not None else i
+        end = int(lens[i]) + (2 if append else 0)
+        if append:  # the new keys at cache_seqlens
+            assert torch.equal(k_after[e, int(lens[i]):end], k_new[i]) and torch.equal(v_after[e, int(lens[i]):end], v_new[i])
+        p = int(pad[i]) if pad is not None else 0
+        ref, ref_lse = _chunked_f64(q[i:i + 1], k_after[e:e + 1, p:end], v_after[e:e + 1, p:end], chunk, causal, window)
+        assert torch.allclose(out[i:i + 1].double(), ref, atol=1e-5), i
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse[i:i + 1]), finite), i
+        assert torch.allclose(lse[i:i + 1].double()[finite], ref_lse[finite], atol=1e-5), i
+
+
+def test_cache_as_packed_rows():
+    """A contiguous cache read as packed key rows (cache_leftpad outside fa3's own call: e4m3 caches,
+    descales; attention_chunk): the caches viewed in place, each sequence's rows its cache entry's
+    (cache_batch_idx) from its padding on, as many as it has past the padding, clamped as fa3's
+    call clamps them (the end to the cache, the padding to the end); batch strides that are not
+    whole rows (with more than one entry), rows per entry that differ between k_cache and v_cache,
+    and a cache_leftpad of another length are named."""
+    from fa3.interface import _cache_rows
+    b, length, h, d = 4, 10, 2, 4
+    k = torch.randn(b, length + 2, h, d)[:, :length]  # a batch stride of 12 rows
+    v = torch.randn(b, length + 2, h, d)[:, :length]
+    pad = torch.tensor([0, 3, 12, -2], dtype=torch.int32)  # past the cache, negative: clamped
+    used = torch.tensor([5, 10, 10, 14], dtype=torch.int32)  # the last past the cache: clamped
+    entries = torch.tensor([3, 0, 2, 1], dtype=torch.int32)
+    for seqused, leftpad, order in ((used, pad, None), (None, pad, None), (used, None, entries)):
+        kr, vr, first, count = _cache_rows(k, v, b, leftpad, seqused, order)
+        assert kr.data_ptr() == k.data_ptr() and vr.data_ptr() == v.data_ptr() and kr.shape[0] == 3 * 12 + length
+        assert first.dtype == torch.int32 and count.dtype == torch.int32 and first.shape == count.shape == (b,)
+        for i in range(b):
+            e = int(order[i]) if order is not None else i
+            end = min(int(seqused[i]) if seqused is not None else length, length)
+            p = min(max(int(leftpad[i]), 0), end) if leftpad is not None else 0
+            assert int(first[i]) == 12 * e + p and int(count[i]) == end - p
+            rows = slice(int(first[i]), int(first[i]) + end - p)
+            assert torch.equal(kr[rows], k[e, p:end]) and torch.equal(vr[rows], v[e, p:end])
+    one = torch.randn(1, length, h, d).as_strided((1, length, h, d), (7, h * d, d, 1))  # any batch stride
+    kr, _, first, count = _cache_rows(one, one, 1, torch.tensor([2], dtype=torch.int32), None)
+    assert first.tolist() == [2] and count.tolist() == [length - 2] and kr.shape[0] == length
+    with pytest.raises(ValueError, match="cache_leftpad: expected shape"):
+        _cache_rows(k, v, b, pad[:1], used)
+    with pytest.raises(ValueError, match="k_cache: expected one entry per sequence"):
+        _cache_rows(k, v, b + 1, None, None)
+    with pytest.raises(ValueError, match="same rows per batch entry"):
+        _cache_rows(k, torch.randn(b, length, h, d), b, pad, used)
+    with pytest.raises(ValueError, match="v_cache: expected the batch and length"):
+        _cache_rows(k, v[:, :5], b, pad, used)
+    odd = torch.randn(b * length * h * d + b).as_strided((b, length, h, d), (length * h * d + 1, h * d, d, 1))
+    with pytest.raises(ValueError, match="v_cache: its batch stride"):
+        _cache_rows(k, odd, b, pad, used)

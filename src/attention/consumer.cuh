@@ -47,12 +47,18 @@ struct FwdConsumer {
   // that write: compute-sanitizer racecheck).
   __device__ __forceinline__ void release_q() { smem.bars().q.consumer_release(q_st); }
 
-  // A fresh softmax for tile w (e4m3: its descales join the scale; block descales: the rows'
-  // factors, descale.cuh; the key blocks' come with their K stages).
-  __device__ __forceinline__ Softmax softmax_for(const WorkTile& w, const Seq& seq) const {
-    if constexpr (Cfg::kBlockDescales)
+  // Tile w's score pipeline: its score modifier (mainloop.scores) and a fresh softmax. e4m3: the
+  // descales join the softmax's scale, or with softcap the tanh's factor (score_mod.cuh); block
+  // descales: the rows' factors, descale.cuh; the key blocks' come with their K stages.
+  __device__ __forceinline__ Softmax begin_tile_scores(const WorkTile& w, const Seq& seq) {
+    if constexpr (Cfg::kBlockDescales) {
       return Softmax(p, w.batch, w.head, mainloop.thread_queries(w.m_block).q, seq.seqlen_q(p));
-    else return Softmax(softmax_scale_log2<kFp8>(p, w.batch, w.head));
+    } else if constexpr (Feat::kSoftcap) {
+      mainloop.scores.begin_tile(p, qk_descale<kFp8>(p, w.batch, w.head));
+      return Softmax(p.scale_log2);
+    } else {
+      return Softmax(softmax_scale_log2<kFp8>(p, w.batch, w.head));
+    }
   }
 
   // The tile a note describes, with its sequence info (varlen: the note's; else the parameters').
@@ -86,7 +92,7 @@ struct FwdConsumer {
         continue;
       }
       float o[kDv / 2];
-      Softmax softmax = softmax_for(w, seq);
+      Softmax softmax = begin_tile_scores(w, seq);
       mainloop.run(w.m_block, seq, r, q_st.index, o, softmax, [&] { release_q(); });
       if constexpr (Cfg::kOInKV) {
         // No room for an O tile: the last key block's stages, kept from the producer, take the
@@ -110,7 +116,7 @@ struct FwdConsumer {
     if (!next_tile(w, r, seq)) return;
     float o[kDv / 2], s[Cfg::kBlockN / 2];
     uint32_t pa[Cfg::kBlockN / Mainloop::Mma::kK][4];
-    Softmax softmax = softmax_for(w, seq);
+    Softmax softmax = begin_tile_scores(w, seq);
     mainloop.begin_tile(w.m_block, seq, r, q_st.index, o, s, pa, softmax);
     for (;;) {
       mainloop.middle_blocks(w.m_block, seq, r, q_st.index, o, s, pa, softmax);
@@ -127,7 +133,7 @@ struct FwdConsumer {
       mainloop.end_tile_start_next(q_st.index, o, s, pa);
       // Under the next tile's first QK^T.
       epilogue.template store<typename Epi::OwnStaging>(w, seq, o, softmax, epilogue.own_staging());
-      softmax = softmax_for(w_next, seq_next);
+      softmax = begin_tile_scores(w_next, seq_next);  // (the last tile's scores are all P by now)
       mainloop.next_first_softmax(w_next.m_block, seq_next, r_next, s, pa, softmax);
 #pragma unroll
       for (int i = 0; i < kDv / 2; ++i) o[i] = 0.f;

@@ -1,6 +1,7 @@
 // FP8 descales (FlashAttention-3's per-(batch, kv head) factors): Q and K are stored as q / dq and
 // k / dk, so S = dq dk (Q_8 K_8^T): dq dk joins the exp2 scale of the tile's softmax (one factor
-// per tile, free in the loop); V as v / dv, so O = dv (P V_8) / sum: dv joins the final 1/sum.
+// per tile, free in the loop), or with softcap the tanh's factor (score_mod.cuh); V as v / dv, so
+// O = dv (P V_8) / sum: dv joins the final 1/sum.
 // Block descales (a factor per block of positions: fa3_block_scales) go to the same places, per
 // row and per key block: Fp8Softmax below.
 #pragma once
@@ -14,7 +15,15 @@ __device__ __forceinline__ float descale_of(const float* d, const FwdKernelParam
   return d[batch * p.descale_batch_stride + (head_q / p.head_ratio) * p.descale_head_stride];
 }
 
-// The exp2 scale of a tile's softmax: the problem's, times dq dk for e4m3 operands.
+// dq dk of a tile's head: 1 for 16-bit operands.
+template <bool kFp8>
+__device__ __forceinline__ float qk_descale(const FwdKernelParams& p, int batch, int head_q) {
+  if constexpr (kFp8) return descale_of(p.q_descale, p, batch, head_q) * descale_of(p.k_descale, p, batch, head_q);
+  else return 1.f;
+}
+
+// The exp2 scale of a tile's softmax: the problem's, times dq dk for e4m3 operands. (With softcap,
+// dq dk goes inside the tanh instead and the exp2 scale is the problem's: score_mod.cuh.)
 template <bool kFp8>
 __device__ __forceinline__ float softmax_scale_log2(const FwdKernelParams& p, int batch, int head_q) {
   if constexpr (kFp8)

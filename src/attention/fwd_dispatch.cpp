@@ -7,7 +7,8 @@
 //    d128 and d256, for the problems split_plan() sends there (split_plan.h: decodes, explicit
 //    splits); its splits need the workspace, one split none;
 //  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen, each
-//    with and without block descales (WithBlockDescales); no softcap, and no decode path
+//    with and without block descales (WithBlockDescales), and with softcap (per-head descales
+//    only: the tanh would need each row's and key block's factor inside it); no decode path
 //    (num_splits has no effect: every problem takes the one kernel).
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
@@ -27,7 +28,8 @@ namespace fa3::detail {
 
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
-  if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f) return "fp8 inputs with softcap";
+  const bool block_descales = p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
+  if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f && block_descales) return "fp8 inputs with softcap and block descales";
   // Paged KV: a key block is loaded in boxes of gcd(kBlockN, page_size) rows, which must keep the
   // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128). Other
   // page sizes are gathered row by row by two producer warps (kv_gather.cuh), which the e4m3
@@ -176,9 +178,9 @@ Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
   const int dim = attn::fp8_head_dim(
       std::max(attn::padded_head_dim(f.p->head_dim_qk), attn::padded_head_dim(f.p->head_dim_v)));
   // The second tiles (d64: long sequences; d128: long key sequences with per-head descales; d256:
-  // short key sequences unmasked, long ones masked), fixed-length batches only as the 16-bit
-  // second tiles.
-  if constexpr (!Feat::kVarlen)
+  // short key sequences unmasked, long ones masked), fixed-length batches without softcap only, as
+  // the 16-bit second tiles.
+  if constexpr (!Feat::kVarlen && !Feat::kSoftcap)
     if (attn::use_fp8_alt_tile(dim, Feat::kMasked, f.p->seqlen_q, f.p->seqlen_k, kBlock)) {
       if (dim == 64)
         return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<64, Feat::kMasked, kBlock, true>, Feat>(
@@ -199,20 +201,21 @@ Status by_fp8_head_dim(const FwdProblem& f, const Op& op) {
       return op.template run<FA3_DTYPE_E4M3, Fp8TileOf<256, Feat::kMasked, kBlock>, Feat>(f, kBlock ? "d256blk" : "d256");
   }
 }
-template <bool kBlock, class Op>
+template <bool kBlock, bool kSoftcap, class Op>
 Status by_fp8_features(const FwdProblem& f, const Op& op) {
   const bool varlen = f.varlen_q || f.varlen_k;
   if (f.has_mask())
-    return varlen ? by_fp8_head_dim<FwdFeatures<true, false, true>, kBlock>(f, op)
-                  : by_fp8_head_dim<FwdFeatures<true, false, false>, kBlock>(f, op);
-  return varlen ? by_fp8_head_dim<FwdFeatures<false, false, true>, kBlock>(f, op)
-                : by_fp8_head_dim<FwdFeatures<false, false, false>, kBlock>(f, op);
+    return varlen ? by_fp8_head_dim<FwdFeatures<true, kSoftcap, true>, kBlock>(f, op)
+                  : by_fp8_head_dim<FwdFeatures<true, kSoftcap, false>, kBlock>(f, op);
+  return varlen ? by_fp8_head_dim<FwdFeatures<false, kSoftcap, true>, kBlock>(f, op)
+                : by_fp8_head_dim<FwdFeatures<false, kSoftcap, false>, kBlock>(f, op);
 }
 template <class Op>
 Status by_fp8(const FwdProblem& f, const Op& op) {
   const fa3_fwd_params& p = *f.p;
   const bool block = p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
-  return block ? by_fp8_features<true>(f, op) : by_fp8_features<false>(f, op);
+  if (block) return by_fp8_features<true, false>(f, op);  // (no softcap: hopper_fwd_unsupported_reason)
+  return p.softcap > 0.f ? by_fp8_features<false, true>(f, op) : by_fp8_features<false, false>(f, op);
 }
 
 template <class Op>

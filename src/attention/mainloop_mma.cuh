@@ -43,7 +43,10 @@ struct MainloopMma {
   static constexpr bool kTransposeV = Smem::kTransposeV;
   static_assert(hopper::OperandTraits<Elem>::kBytes == Cfg::kOperandBytes, "the tile's operand size is Elem's");
   using Seq = SeqlenInfo<Feat::kVarlen>;
-  using Scores = ScoreMod<Feat::kSoftcap>;
+  // The score modifier; e4m3's holds the tile's descaled factor (score_mod.cuh), which the
+  // consumer sets with each tile's softmax (FwdConsumer::begin_tile_scores).
+  using Scores = ScoreMod<Feat::kSoftcap, kTransposeV>;
+  static_assert(!(Cfg::kBlockDescales && Feat::kSoftcap), "softcap with FP8 block descales: not built (fwd_dispatch.cpp)");
   // The decode kernel's rows are pack-GQA rows (tile_rows.cuh): one warpgroup per tile there.
   static constexpr bool kPacked = Feat::kSplit;
   using Rows = TileRows<Cfg::kBlockM, kPacked>;
@@ -69,6 +72,7 @@ struct MainloopMma {
   int consumer;  // 0 .. kConsumers-1: this warpgroup's 64 rows of the tile
   int thread;    // 0 .. 127 within the warpgroup
   hopper::PipelineState<Cfg::kStages> k_st, v_st;
+  Scores scores{};  // the current tile's score modifier
   // kOInKV: the stages of the tile's last key block, kept from the producer until O has been
   // staged there and stored; given back once the next tile's first QK^T is issued (the store has
   // had time to read them, and the producer needs them only for that tile's second block).
@@ -271,7 +275,7 @@ struct MainloopMma {
     float corr[2];
     pv_width = width;
     if (width == kFull) {
-      Scores::apply(s, p);
+      scores.apply(s, p);
       mask_if_needed(s, n, m_block, seq);
       softmax.update_max(s, corr);
       softmax.exponentiate(s);
@@ -279,7 +283,7 @@ struct MainloopMma {
     } else if constexpr (kCanHalve) {
       if (width == kHalf) {  // a half block always needs its mask
         auto& s_half = reinterpret_cast<float(&)[kHalfN / 2]>(s);
-        Scores::apply(s_half, p);
+        scores.apply(s_half, p);
         apply_mask<kHalfN, kMasked, kRelativeMask>(s_half, thread_queries(m_block).q, n * kN + 2 * (thread % 4), seq,
                                                    p);
         softmax.template update_max<kHalfN>(s_half, corr);
@@ -379,7 +383,7 @@ struct MainloopMma {
   __device__ __forceinline__ void middle_softmax(SFrag& s, PFrag& pa, OFrag& o, Softmax& softmax, int n, int m_block,
                                                  const Seq& seq) {
     float corr[2];
-    Scores::apply(s, p);
+    scores.apply(s, p);
     if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
     bool any_rescale;
     if constexpr (kStaleMax) {
@@ -469,7 +473,7 @@ struct MainloopMma {
         if (--n < r.n_min) break;
         issue_step<kQk>(s, q_stage, o, pa);
         s_done<0>(s, false, softmax);
-        Scores::apply(s, p);
+        scores.apply(s, p);
         if constexpr (kMasked) mask_if_needed(s, n, m_block, seq);
         if (softmax.update_max(s, corr)) rescale(o, corr);
         softmax.exponentiate(s);

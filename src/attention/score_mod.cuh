@@ -4,6 +4,10 @@
 //  - softcap (Gemma 2, Grok): s -> c * tanh(scale * s / c). The factor c joins the softmax's log2
 //    scale (FwdKernelParams::scale_log2 = c * log2 e), so here it is one FMUL and one MUFU.TANH per
 //    score; visible scores then lie in [-c, c].
+// kDescaled (e4m3 operands): S holds Q_8 K_8^T, and the tile's descales dq dk (descale.cuh) must go
+// inside the tanh, where no later factor can reach them: tanh's factor is then the tile's
+// (scale / c x dq dk), set with the tile's softmax (MainloopMma::scores). The 16-bit kernels read
+// the problem's factor from the parameters (a constant-bank operand, no register).
 // Attention sinks (one logit per head in the denominator) belong to the softmax, not here.
 #pragma once
 #include "src/attention/fwd_params.h"
@@ -11,18 +15,33 @@
 
 namespace fa3::attn {
 
-template <bool kSoftcap>
+template <bool kSoftcap, bool kDescaled = false>
 struct ScoreMod {
+  __device__ __forceinline__ void begin_tile(const FwdKernelParams&, float /*qk_descale*/) {}
   template <int N>
-  __device__ __forceinline__ static void apply(float (&)[N], const FwdKernelParams&) {}
+  __device__ __forceinline__ void apply(float (&)[N], const FwdKernelParams&) const {}
 };
 
 template <>
-struct ScoreMod<true> {
+struct ScoreMod<true, false> {
+  __device__ __forceinline__ void begin_tile(const FwdKernelParams&, float) {}
   template <int N>
-  __device__ __forceinline__ static void apply(float (&s)[N], const FwdKernelParams& p) {
+  __device__ __forceinline__ void apply(float (&s)[N], const FwdKernelParams& p) const {
 #pragma unroll
     for (int i = 0; i < N; ++i) s[i] = hopper::tanh_approx(s[i] * p.softcap_scale);
+  }
+};
+
+template <>
+struct ScoreMod<true, true> {
+  float factor = 0.f;  // the tile's scale / c x dq dk
+  __device__ __forceinline__ void begin_tile(const FwdKernelParams& p, float qk_descale) {
+    factor = p.softcap_scale * qk_descale;
+  }
+  template <int N>
+  __device__ __forceinline__ void apply(float (&s)[N], const FwdKernelParams&) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = hopper::tanh_approx(s[i] * factor);
   }
 };
 
