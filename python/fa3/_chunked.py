@@ -54,38 +54,30 @@ def _lengths(t: torch.Tensor, cu: Optional[torch.Tensor]) -> Tuple[torch.Tensor,
     return cu[1:] - cu[:-1], cu[:-1]
 
 
-def chunked_varlen_args(q: torch.Tensor, k: torch.Tensor, chunk: int, *, cu_seqlens_q: Optional[torch.Tensor],
-                        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int) -> dict:
-    """The varlen arguments of the grouped call (cu_seqlens_q / _k, max_seqlen_q / _k). q / k are
-    [batch, seqlen, heads, d] (fixed lengths) or [total, heads, d] with their cu_seqlens."""
-    len_q, first_q = _lengths(q, cu_seqlens_q)
-    len_k, first_k = _lengths(k, cu_seqlens_k)
+def group_args(len_q: torch.Tensor, first_q: torch.Tensor, len_k: torch.Tensor, chunk: int, max_seqlen_k: int, *,
+               first_k: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
+               page_size: int = 0, counts_q: bool = False, counts_k: bool = False) -> dict:
+    """The grouped call's arguments: each sequence's queries packed rows from first_q (len_q of
+    them, int64 [batch]), its keys len_k (<= max_seqlen_k) of either
+     - packed rows from first_k: each group's first row (cu_seqlens_k), and with counts_k its key
+       count (seqused_k: where the sequences' used rows are not back to back — seqused_k, a cache
+       — the counts are not the differences of the starts);
+     - a paged cache: a page-table row per group that starts at its chunk's first page (``chunk`` a
+       multiple of ``page_size``, so chunks start on a page), and its key count (seqused_k).
+    counts_q: each group's query count too (seqused_q: the caller's seqused_q shortened them).
+    Returns cu_seqlens_q, max_seqlen_k, and cu_seqlens_k or page_table, seqused_q / seqused_k."""
     chunks = max(1, -(-max_seqlen_k // chunk))
     q_bounds, k_bounds = group_bounds(len_q, len_k, chunk, chunks)
-    return dict(cu_seqlens_q=cu_seqlens(first_q, q_bounds), cu_seqlens_k=cu_seqlens(first_k, k_bounds),
-                # (a group holds at most a chunk of queries, or the queries before the first key)
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=min(chunk, max_seqlen_k))
 
-
-def cache_group_args(len_q: torch.Tensor, first_q: torch.Tensor, len_k: torch.Tensor, chunk: int, seqlen_k: int, *,
-                     first_k: Optional[torch.Tensor] = None, page_table: Optional[torch.Tensor] = None,
-                     page_size: int = 0) -> dict:
-    """The grouped call's arguments for a KV cache (flash_attn_with_kvcache): each sequence's queries
-    as packed rows from first_q (len_q of them), its keys the cache's first len_k (<= seqlen_k), and
-    per group:
-     - a contiguous cache viewed as packed rows (first_k: each sequence's first key row): the
-       group's first row (cu_seqlens_k) and its key count (seqused_k: the sequences of a cache are
-       not back to back, so the counts are not the differences of the starts);
-     - a paged cache: a page-table row of its own that starts at its chunk's first page (``chunk`` a
-       multiple of ``page_size``, so chunks start on a page), and its key count (seqused_k).
-    Returns cu_seqlens_q, seqused_k, max_seqlen_k, and cu_seqlens_k or page_table."""
-    chunks = max(1, -(-seqlen_k // chunk))
-    q_bounds, k_bounds = group_bounds(len_q, len_k, chunk, chunks)
-    args = dict(cu_seqlens_q=cu_seqlens(first_q, q_bounds),
-                seqused_k=(k_bounds[:, 1:] - k_bounds[:, :-1]).flatten().to(torch.int32),
-                max_seqlen_k=min(chunk, seqlen_k))
+    def counts(bounds):
+        return (bounds[:, 1:] - bounds[:, :-1]).flatten().to(torch.int32)
+    args = dict(cu_seqlens_q=cu_seqlens(first_q, q_bounds), max_seqlen_k=min(chunk, max_seqlen_k))
+    if counts_q:
+        args["seqused_q"] = counts(q_bounds)
     if page_table is None:
         args["cu_seqlens_k"] = cu_seqlens(first_k, k_bounds)
+        if counts_k:
+            args["seqused_k"] = counts(k_bounds)
         return args
     batch, groups, per_chunk = page_table.shape[0], chunks + 1, chunk // page_size
     first_page = torch.div(k_bounds[:, :-1], page_size, rounding_mode="floor")  # [batch, groups]
@@ -94,6 +86,27 @@ def cache_group_args(len_q: torch.Tensor, first_q: torch.Tensor, len_k: torch.Te
     # that the gather itself stays inside)
     cols = (first_page[:, :, None] + steps).clamp(max=page_table.shape[1] - 1).reshape(batch, groups * per_chunk)
     args["page_table"] = torch.gather(page_table, 1, cols).reshape(batch * groups, per_chunk)
+    args["seqused_k"] = counts(k_bounds)
+    return args
+
+
+def chunked_varlen_args(q: torch.Tensor, k: torch.Tensor, chunk: int, *, cu_seqlens_q: Optional[torch.Tensor],
+                        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                        seqused_q: Optional[torch.Tensor] = None,
+                        seqused_k: Optional[torch.Tensor] = None) -> dict:
+    """The varlen arguments of the grouped call (cu_seqlens_q / _k, max_seqlen_q / _k, and per group
+    seqused_q / seqused_k where the caller shortened the sequences). q / k are [batch, seqlen,
+    heads, d] (fixed lengths) or [total, heads, d] with their cu_seqlens."""
+    len_q, first_q = _lengths(q, cu_seqlens_q)
+    len_k, first_k = _lengths(k, cu_seqlens_k)
+    if seqused_q is not None:
+        len_q = seqused_q.to(torch.int64)
+    if seqused_k is not None:
+        len_k = seqused_k.to(torch.int64)
+    args = group_args(len_q, first_q, len_k, chunk, max_seqlen_k, first_k=first_k, counts_q=seqused_q is not None,
+                      counts_k=seqused_k is not None)
+    # (a group holds at most a chunk of queries, or the queries before the first key)
+    args["max_seqlen_q"] = max_seqlen_q
     return args
 
 

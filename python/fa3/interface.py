@@ -49,12 +49,13 @@ def _chunk(attention_chunk) -> int:
 
 
 def _chunked_attention(q, k, v, chunk, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       descales, kwargs):
+                       descales, kwargs, seqused_q=None, seqused_k=None):
     """attention_chunk: one varlen call over the sequences cut into their chunks (_chunked.py).
     Returns (out, lse) in the caller's layouts."""
     packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
     args = _chunked.chunked_varlen_args(q, k, chunk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                        seqused_q=seqused_q, seqused_k=seqused_k)
     batch = cu_seqlens_q.shape[0] - 1 if packed_q else q.shape[0]
     per_sequence = (args["cu_seqlens_q"].shape[0] - 1) // batch  # groups of each sequence
     # FlashAttention-3's per-(batch, kv head) descales, per group (each sequence's groups in a row).
@@ -159,7 +160,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     that side is [batch, seqlen, heads, d]); seqused_q / seqused_k shorten each sequence.
     max_seqlen_q / max_seqlen_k are host ints (no device sync). softmax_lse: [heads, total_q].
     learnable_sink: [heads_q] attention-sink logits, as flash_attn_func's; attention_chunk as
-    flash_attn_func's, each sequence chunked on its own (not with seqused_q / seqused_k).
+    flash_attn_func's, each sequence (its seqused_q / seqused_k rows where given) chunked on its own.
     """
     _check_common(qv)
     if cu_seqlens_q is None and cu_seqlens_k is None:
@@ -170,14 +171,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     # One chunk holding every key changes nothing only under a causal mask here: whether a query
     # sits before its sequence's first key is device data.
     if chunk and not (chunk >= int(max_seqlen_k or 0) and causal):
-        if seqused_q is not None or seqused_k is not None:
-            raise _not_supported("attention_chunk", "chunked attention with seqused_q / seqused_k")
         out, lse = _chunked_attention(
             q, k, v, chunk, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0),
             (q_descale, k_descale, v_descale),
             dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
                  softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
-                 sinks=_sinks(learnable_sink)))
+                 sinks=_sinks(learnable_sink)), seqused_q=seqused_q, seqused_k=seqused_k)
         return (out, lse) if return_attn_probs else out
     out, lse = _ops.fwd(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
@@ -324,7 +323,7 @@ def _kvcache_chunked(q, k_cache, v_cache, chunk, cu_seqlens_q, max_seqlen_q, seq
     len_q, first_q = _chunked._lengths(q, cu_seqlens_q)
     if page_table is None or entries is not None:
         k_rows, v_rows, first_k, len_k = _cache_rows(k_cache, v_cache, batch, leftpad, seqused_k, entries)
-        args = _chunked.cache_group_args(len_q, first_q, len_k.long(), chunk, seqlen_k, first_k=first_k.long())
+        args = _chunked.group_args(len_q, first_q, len_k.long(), chunk, seqlen_k, first_k=first_k.long(), counts_k=True)
     else:
         page_size = k_cache.shape[1]
         if chunk % page_size != 0:
@@ -333,8 +332,8 @@ def _kvcache_chunked(q, k_cache, v_cache, chunk, cu_seqlens_q, max_seqlen_q, seq
         len_k = (seqused_k.long() if seqused_k is not None else
                  torch.full((batch,), seqlen_k, dtype=torch.int64, device=q.device)).clamp(0, seqlen_k)
         k_rows, v_rows = k_cache, v_cache
-        args = _chunked.cache_group_args(len_q, first_q, len_k, chunk, seqlen_k, page_table=page_table,
-                                         page_size=page_size)
+        args = _chunked.group_args(len_q, first_q, len_k, chunk, seqlen_k, page_table=page_table,
+                                   page_size=page_size)
     per_sequence = (args["cu_seqlens_q"].shape[0] - 1) // batch  # groups of each sequence
     descales = [None if t is None else t.repeat_interleave(per_sequence, dim=0) for t in descales]
     with torch.no_grad():

@@ -636,6 +636,30 @@ def test_attention_chunk_forward_and_backward_match_float64(s_q, s_k, chunk, cau
         lambda q, k, v: ref_attention(q, k, v, causal, chunk=chunk))
 
 
+def test_attention_chunk_varlen_with_seqused():
+    """flash_attn_varlen_func with attention_chunk and seqused_q / seqused_k: each sequence's used
+    rows chunked on their own (the groups' counts as seqused); out and LSE of the used rows
+    against float64."""
+    torch.manual_seed(15)
+    lens, used_q, used_k, chunk = [300, 40, 900], [250, 0, 700], [300, 17, 880], 128
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    h, hkv, d = 8, 2, 128
+    q = rand(sum(lens), h, d, dtype=torch.bfloat16)
+    k = rand(sum(lens), hkv, d, dtype=torch.bfloat16)
+    v = rand(sum(lens), hkv, d, dtype=torch.bfloat16)
+    sq, sk = (torch.tensor(u, dtype=torch.int32, device=DEV) for u in (used_q, used_k))
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), seqused_q=sq, seqused_k=sk,
+                                          causal=True, attention_chunk=chunk, return_attn_probs=True)
+    for i in range(len(lens)):
+        a = cu[i].item()
+        if not used_q[i]:
+            continue
+        want, want_lse = ref_attention(q[None, a:a + used_q[i]], k[None, a:a + used_k[i]], v[None, a:a + used_k[i]],
+                                       True, chunk=chunk)
+        assert rel_err(out[a:a + used_q[i]], want[0]) <= 1e-2, i
+        assert torch.allclose(lse[:, a:a + used_q[i]].double(), want_lse[0], atol=1e-3, rtol=1e-3), i
+
+
 def test_sinks_varlen_decode_and_compile():
     torch.manual_seed(14)
     lens = [0, 1, 17, 700]

@@ -401,27 +401,30 @@ def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local)
     assert torch.equal(seen["q"], want)
 
 
-def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
-                     max_seqlen_q=0, max_seqlen_k=0, causal=False, window_left=-1, window_right=-1,
-                     softmax_scale=0.0, sinks=None, **kw):
+def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
+                     page_table=None, max_seqlen_q=0, max_seqlen_k=0, causal=False, window_left=-1,
+                     window_right=-1, softmax_scale=0.0, sinks=None, **kw):
     """fa3::fwd on packed query rows in float64 (bottom-right masks per sequence, rows without a key:
     O = 0, LSE = -inf or the sink), checking the caller's max_seqlen bounds as fa3's contract.
-    Sequence s's keys: packed rows from cu_seqlens_k[s], seqused_k[s] of them where given (else up to
-    cu_seqlens_k[s + 1]); or (page_table) pages [num_pages, page_size, h, d], seqused_k[s] keys
-    through page-table row s."""
+    Sequence s's queries: packed rows from cu_seqlens_q[s], seqused_q[s] of them where given (the
+    other rows are left as they are: zero here); its keys: packed rows from cu_seqlens_k[s],
+    seqused_k[s] of them where given (else up to cu_seqlens_k[s + 1]); or (page_table) pages
+    [num_pages, page_size, h, d], seqused_k[s] keys through page-table row s."""
     assert cu_seqlens_q.dtype == torch.int32
     groups = cu_seqlens_q.shape[0] - 1
     if page_table is None:
         assert cu_seqlens_k.dtype == torch.int32 and cu_seqlens_q.shape == cu_seqlens_k.shape
     else:
         assert cu_seqlens_k is None and page_table.dtype == torch.int32 and page_table.shape[0] == groups
-    if seqused_k is not None:
-        assert seqused_k.dtype == torch.int32 and seqused_k.shape == (groups,)
+    for used in (seqused_q, seqused_k):
+        assert used is None or (used.dtype == torch.int32 and used.shape == (groups,))
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
     scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
     for s in range(groups):
-        q0, q1 = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
+        q0 = int(cu_seqlens_q[s])
+        q1 = q0 + int(seqused_q[s]) if seqused_q is not None else int(cu_seqlens_q[s + 1])
+        assert q1 <= q.shape[0]
         if page_table is not None:
             n, size = int(seqused_k[s]), k.shape[1]
             assert page_table.shape[1] * size >= n
@@ -537,6 +540,33 @@ def test_attention_chunk_on_packed_sequences(monkeypatch, causal):
         ref, ref_lse = _chunked_f64(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], chunk, causal, (-1, -1))
         assert torch.allclose(out[q0:q1].double(), ref[0], atol=1e-5), s
         finite = torch.isfinite(ref_lse[0])
+        assert torch.allclose(lse[:, q0:q1].double()[finite], ref_lse[0][finite], atol=1e-5), s
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_chunk_with_seqused(monkeypatch, causal):
+    """flash_attn_varlen_func with seqused_q / seqused_k: each sequence's used rows chunked on their
+    own (the groups' counts passed as seqused, since the used rows are not back to back)."""
+    monkeypatch.setattr(_ops, "fwd", _varlen_stand_in)
+    torch.manual_seed(5)
+    lens_q, lens_k, used_q, used_k, chunk, h, d = [6, 3, 12, 9], [9, 5, 12, 14], [5, 0, 9, 9], [9, 3, 7, 10], 4, 2, 8
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32)
+    q, k, v = torch.randn(sum(lens_q), h, d), torch.randn(sum(lens_k), h, d), torch.randn(sum(lens_k), h, d)
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                          seqused_q=torch.tensor(used_q, dtype=torch.int32),
+                                          seqused_k=torch.tensor(used_k, dtype=torch.int32),
+                                          attention_chunk=chunk, return_attn_probs=True)
+    for s in range(len(lens_q)):
+        q0, k0 = int(cu_q[s]), int(cu_k[s])
+        q1, k1 = q0 + used_q[s], k0 + used_k[s]
+        assert torch.all(out[q1:int(cu_q[s + 1])] == 0), s  # rows past seqused_q: not computed
+        if q1 == q0:
+            continue
+        ref, ref_lse = _chunked_f64(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], chunk, causal, (-1, -1))
+        assert torch.allclose(out[q0:q1].double(), ref[0], atol=1e-5), s
+        finite = torch.isfinite(ref_lse[0])
+        assert torch.equal(torch.isfinite(lse[:, q0:q1]), finite), s
         assert torch.allclose(lse[:, q0:q1].double()[finite], ref_lse[0][finite], atol=1e-5), s
 
 
