@@ -278,7 +278,9 @@ def _cache_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, leftpa
     keys in any dtype); used here for left padding outside it (e4m3 caches, descales) and for
     chunked attention (attention_chunk). Clamped as fa3's call clamps them, on the device (no
     sync): a sequence's end (seqused_k, else seqlen_cache) to [0, seqlen_cache], its padding
-    (leftpad, None: 0) to [0, end]. Returns (k_rows, v_rows, first_row, key_count): int32 [batch]."""
+    (leftpad, None: 0) to [0, end]. As in any fa3 call, the up to 127 rows after a sequence's keys
+    (here: its entry's unused rows, or the next entry's) are read with weight 0, so they must hold
+    finite values. Returns (k_rows, v_rows, first_row, key_count): int32 [batch]."""
     num, length = k_cache.shape[0], k_cache.shape[1]
     if entries is None and num != batch:
         raise ValueError(f"fa3: k_cache: expected one entry per sequence ({batch}), got {num}")
@@ -300,6 +302,8 @@ def _cache_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, leftpa
         raise ValueError(f"fa3: k_cache and v_cache must hold the same rows per batch entry to read them as "
                          f"packed rows; got {rows[0]} and {rows[1]}")
     total = (num - 1) * rows[0] + length
+    if total >= 2**31:
+        raise ValueError(f"fa3: k_cache: {total} rows read as packed rows exceed what int32 row indices reach")
 
     def packed(t):
         return t.as_strided((total,) + tuple(t.shape[2:]), (t.stride(1),) + tuple(t.stride()[2:]), t.storage_offset())
@@ -463,9 +467,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3 or "
                                                "with attention_chunk")
         # As FlashAttention-3: causal / local queries sit at cache_seqlens + i, the others all at
-        # cache_seqlens; a window that reaches every key is none (the kernels' rule too).
+        # cache_seqlens; a window that reaches every key is none (the kernels' rule too); chunked
+        # attention is local.
         s_q = q.shape[1]
-        local = causal or 0 <= wl < seqlen_k - 1 or 0 <= wr < s_q - 1
+        local = causal or chunk > 0 or 0 <= wl < seqlen_k - 1 or 0 <= wr < s_q - 1
         offs = torch.arange(s_q, device=dev)[None, :] if local else torch.zeros(1, s_q, dtype=torch.long, device=dev)
         pos_q = rotary_base.long()[:, None] + offs
         row_q = pos_q.clamp(0, rotary_cos.shape[0] - 1)

@@ -403,19 +403,25 @@ def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local)
 
 def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
                      page_table=None, max_seqlen_q=0, max_seqlen_k=0, causal=False, window_left=-1,
-                     window_right=-1, softmax_scale=0.0, sinks=None, **kw):
+                     window_right=-1, softmax_scale=0.0, sinks=None, q_descale=None, k_descale=None,
+                     v_descale=None, **kw):
     """fa3::fwd on packed query rows in float64 (bottom-right masks per sequence, rows without a key:
     O = 0, LSE = -inf or the sink), checking the caller's max_seqlen bounds as fa3's contract.
     Sequence s's queries: packed rows from cu_seqlens_q[s], seqused_q[s] of them where given (the
     other rows are left as they are: zero here); its keys: packed rows from cu_seqlens_k[s],
     seqused_k[s] of them where given (else up to cu_seqlens_k[s + 1]); or (page_table) pages
-    [num_pages, page_size, h, d], seqused_k[s] keys through page-table row s."""
+    [num_pages, page_size, h, d], seqused_k[s] keys through page-table row s (max_seqlen_k within
+    a row's pages, as the operator checks). Descales ([sequences, heads_kv], FlashAttention-3's)
+    multiply sequence s's q, k and v."""
     assert cu_seqlens_q.dtype == torch.int32
     groups = cu_seqlens_q.shape[0] - 1
     if page_table is None:
         assert cu_seqlens_k.dtype == torch.int32 and cu_seqlens_q.shape == cu_seqlens_k.shape
     else:
         assert cu_seqlens_k is None and page_table.dtype == torch.int32 and page_table.shape[0] == groups
+        assert max_seqlen_k <= page_table.shape[1] * k.shape[1]
+    for t in (q_descale, k_descale, v_descale):
+        assert t is None or t.shape == (groups, k.shape[-2])
     for used in (seqused_q, seqused_k):
         assert used is None or (used.dtype == torch.int32 and used.shape == (groups,))
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
@@ -444,6 +450,9 @@ def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=No
             continue
         qs, ks, vs = q[q0:q1].double(), ks.double(), vs.double()
         g = qs.shape[1] // ks.shape[1]
+        if q_descale is not None:
+            qs = qs * q_descale[s].double().repeat_interleave(g)[None, :, None]
+            ks, vs = ks * k_descale[s].double()[None, :, None], vs * v_descale[s].double()[None, :, None]
         ks, vs = ks.repeat_interleave(g, 1), vs.repeat_interleave(g, 1)
         sc = torch.einsum("qhd,khd->hqk", qs, ks) * scale
         p = torch.arange(q1 - q0)[:, None] + (k1 - k0) - (q1 - q0)
@@ -583,6 +592,27 @@ def test_attention_chunk_arguments():
                                     cache_seqlens=40, attention_chunk=24)
 
 
+def test_kvcache_rotary_positions_with_attention_chunk(monkeypatch):
+    # Chunked attention is local (FlashAttention-3's rule): without a causal mask or a window the
+    # queries are still rotated at cache_seqlens + i.
+    seen = {}
+
+    def stand_in(q, k, v, **kw):
+        seen["q"] = q
+        return torch.zeros(*q.shape), torch.zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(_ops, "fwd", stand_in)
+    b, s_q, h, d, cache_len = 1, 4, 2, 16, 12
+    q = torch.randn(b, s_q, h, d)
+    cache = torch.randn(b, cache_len, h, d)
+    angle = torch.rand(cache_len, d // 2)
+    cos, sin = angle.cos(), angle.sin()
+    fa3.flash_attn_with_kvcache(q, cache, cache, rotary_cos=cos, rotary_sin=sin, cache_seqlens=3, attention_chunk=4)
+    pos = 3 + torch.arange(s_q)
+    want = interface._rotary(q, cos[pos][None], sin[pos][None], True)
+    assert torch.equal(seen["q"].reshape(want.shape), want)
+
+
 @pytest.mark.parametrize("cache,s_q,causal,window", [
     ("contiguous", 1, True, (-1, -1)),   # a decode
     ("contiguous", 3, True, (-1, -1)),   # speculative queries across a chunk boundary
@@ -609,6 +639,10 @@ def test_kvcache_attention_chunk_matches_its_definition(monkeypatch, cache, s_q,
     entries = torch.tensor([2, 0, 1], dtype=torch.int32) if cache == "batch_idx" else None
     kw = dict(cache_seqlens=lens, cache_leftpad=pad, cache_batch_idx=entries, causal=causal, window_size=window,
               attention_chunk=chunk, return_softmax_lse=True)
+    descales = None
+    if cache in ("batch_idx", "paged"):  # FlashAttention-3's [batch, heads_kv], repeated per group in order
+        descales = [torch.rand(b, hkv) + 0.5 for _ in range(3)]
+        kw.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     if cache == "paged":  # sequence i's cache in pages perm[i * 6 + c], c = 0 .. 5
         perm = torch.randperm(b * length // page)
         k_pages, v_pages = torch.empty(b * length // page, page, hkv, d), torch.empty(b * length // page, page, hkv, d)
@@ -629,7 +663,11 @@ def test_kvcache_attention_chunk_matches_its_definition(monkeypatch, cache, s_q,
         if append:  # the new keys at cache_seqlens
             assert torch.equal(k_after[e, int(lens[i]):end], k_new[i]) and torch.equal(v_after[e, int(lens[i]):end], v_new[i])
         p = int(pad[i]) if pad is not None else 0
-        ref, ref_lse = _chunked_f64(q[i:i + 1], k_after[e:e + 1, p:end], v_after[e:e + 1, p:end], chunk, causal, window)
+        qi, ki, vi = q[i:i + 1], k_after[e:e + 1, p:end], v_after[e:e + 1, p:end]
+        if descales is not None:
+            qi = qi * descales[0][i].repeat_interleave(h // hkv)[None, None, :, None]
+            ki, vi = ki * descales[1][i][None, None, :, None], vi * descales[2][i][None, None, :, None]
+        ref, ref_lse = _chunked_f64(qi, ki, vi, chunk, causal, window)
         assert torch.allclose(out[i:i + 1].double(), ref, atol=1e-5), i
         finite = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse[i:i + 1]), finite), i
