@@ -375,18 +375,20 @@ def test_kvcache_batch_index_becomes_a_page_table(monkeypatch):
     assert seen["seqused_k"].tolist() == [3, 3]
 
 
-@pytest.mark.parametrize("causal,window,local", [(False, (-1, -1), False), (True, (-1, -1), True),
-                                                  (False, (2, 2), True), (False, (11, 11), False),
-                                                  (False, (2**40, -1), False), (False, None, False)])
-def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local):
-    # The PyTorch-operations path (CPU here, e4m3 on a GPU): causal or local queries are rotated at
-    # cache_seqlens + i, the others all at cache_seqlens; a window reaching every key (>= 12 - 1 of
-    # 12 keys, 4 queries) is none (FlashAttention-3's rule, and the fused kernel's).
+@pytest.mark.parametrize("causal,window,chunk,local", [(False, (-1, -1), 0, False), (True, (-1, -1), 0, True),
+                                                        (False, (2, 2), 0, True), (False, (11, 11), 0, False),
+                                                        (False, (2**40, -1), 0, False), (False, None, 0, False),
+                                                        (False, (-1, -1), 4, True)])
+def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, chunk, local):
+    # The PyTorch-operations path (CPU here, e4m3 or chunked on a GPU): causal or local queries are
+    # rotated at cache_seqlens + i, the others all at cache_seqlens; a window reaching every key
+    # (>= 12 - 1 of 12 keys, 4 queries) is none, and chunked attention is local (FlashAttention-3's
+    # rules, and the fused kernel's).
     seen = {}
 
-    def stand_in(q, k, v, **kw):
+    def stand_in(q, k, v, **kw):  # (chunked: one packed call)
         seen["q"] = q
-        return torch.zeros(*q.shape), torch.zeros(1)
+        return torch.zeros(*q.shape), torch.zeros(q.shape[-2], q.shape[0] if chunk else 1)
 
     monkeypatch.setattr(_ops, "fwd", stand_in)
     b, s_q, h, d, cache_len = 1, 4, 2, 16, 12
@@ -395,10 +397,10 @@ def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, local)
     angle = torch.rand(cache_len, d // 2)
     cos, sin = angle.cos(), angle.sin()
     fa3.flash_attn_with_kvcache(q, cache, cache, rotary_cos=cos, rotary_sin=sin, cache_seqlens=3,
-                                causal=causal, window_size=window)
+                                causal=causal, window_size=window, attention_chunk=chunk)
     pos = 3 + torch.arange(s_q) if local else torch.full((s_q,), 3)
     want = interface._rotary(q, cos[pos][None], sin[pos][None], True)
-    assert torch.equal(seen["q"], want)
+    assert torch.equal(seen["q"].reshape(want.shape), want)
 
 
 def _varlen_stand_in(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
@@ -590,27 +592,6 @@ def test_attention_chunk_arguments():
     with pytest.raises(NotImplementedError, match="attention_chunk: chunks of 24 keys on pages of 16"):
         fa3.flash_attn_with_kvcache(q, pages, pages, page_table=torch.zeros(1, 4, dtype=torch.int32),
                                     cache_seqlens=40, attention_chunk=24)
-
-
-def test_kvcache_rotary_positions_with_attention_chunk(monkeypatch):
-    # Chunked attention is local (FlashAttention-3's rule): without a causal mask or a window the
-    # queries are still rotated at cache_seqlens + i.
-    seen = {}
-
-    def stand_in(q, k, v, **kw):
-        seen["q"] = q
-        return torch.zeros(*q.shape), torch.zeros(q.shape[1], q.shape[0])
-
-    monkeypatch.setattr(_ops, "fwd", stand_in)
-    b, s_q, h, d, cache_len = 1, 4, 2, 16, 12
-    q = torch.randn(b, s_q, h, d)
-    cache = torch.randn(b, cache_len, h, d)
-    angle = torch.rand(cache_len, d // 2)
-    cos, sin = angle.cos(), angle.sin()
-    fa3.flash_attn_with_kvcache(q, cache, cache, rotary_cos=cos, rotary_sin=sin, cache_seqlens=3, attention_chunk=4)
-    pos = 3 + torch.arange(s_q)
-    want = interface._rotary(q, cos[pos][None], sin[pos][None], True)
-    assert torch.equal(seen["q"].reshape(want.shape), want)
 
 
 @pytest.mark.parametrize("cache,s_q,causal,window", [
