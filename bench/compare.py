@@ -542,10 +542,12 @@ EXTRA_SPECS = {
     "fp8": {
         "title": "FP8 (e4m3 Q/K/V quantized per (batch, kv head) from the bf16 inputs, descales as "
                  "FlashAttention-3's, bf16 O): fa3 e4m3 vs fa3 and cuDNN in bf16 on the same values",
-        "columns": (("fa3_fp8", "fa3 fp8"), ("fa3_fp8_block", "fp8 blk"), ("fa3", "fa3 bf16"), ("cudnn", "cuDNN")),
-        # fp8 blk: fa3_quantize_fp8's blocks of 128 tokens, Q and K rotated (incoherent processing).
+        "columns": (("fa3_fp8", "fa3 fp8"), ("fa3_fp8_block", "fp8 blk"), ("fa3_fp8_cap", "fp8+cap"),
+                    ("fa3", "fa3 bf16"), ("cudnn", "cuDNN")),
+        # fp8 blk: fa3_quantize_fp8's blocks of 128 tokens, Q and K rotated (incoherent processing);
+        # fp8+cap: the per-head e4m3 inputs with softcap SOFTCAP (against float64 with it).
         "ratios": (("fa3_fp8", "fa3", None, "fp8/bf16"), ("fa3_fp8", "cudnn", None, "fp8/cuDNN"),
-                   ("fa3_fp8_block", "fa3_fp8", 0.97, "blk/head")),
+                   ("fa3_fp8_block", "fa3_fp8", 0.97, "blk/head"), ("fa3_fp8_cap", "fa3_fp8", None, "cap/fp8")),
     },
     "sinks": {
         "title": "attention sinks (gpt-oss: a logit per head joining each row's softmax sum, here "
@@ -568,6 +570,7 @@ EXTRA_LABELS = {
     **{f"fa3_paged{n}": f"fa3 paged, pages of {n}" for n in PAGE_SIZES},
     "fa3_fp8": "fa3 e4m3", "fa3_sinks": "fa3 with attention sinks",
     "fa3_fp8_block": "fa3 e4m3, block descales and rotated Q/K (fa3_quantize_fp8)",
+    "fa3_fp8_cap": "fa3 e4m3 with softcap (per-head descales)",
 }
 
 
@@ -841,10 +844,12 @@ def extra_fp8(torch, lib, args, l2, dtype, d, causal, seqlen):
     del sets
     stream = torch.cuda.current_stream().cuda_stream
     kept = {"inputs": [s0[n][0, :, :REF_HEADS] for n in ("q", "k", "v")], "outs": {}}
-    for key, qsets in (("fa3_fp8", fp8_sets), ("fa3_fp8_block", block_sets)):
+    capped = {}
+    for key, qsets in (("fa3_fp8", fp8_sets), ("fa3_fp8_block", block_sets), ("fa3_fp8_cap", fp8_sets)):
         outs8 = [torch.empty(s["q"].shape, dtype=torch.bfloat16, device="cuda") for s in qsets]
-        if key == "fa3_fp8":
+        if key != "fa3_fp8_block":
             params = [fa3_ctypes.fwd_params(lib, s["q"], s["k"], s["v"], o, causal=causal, softmax_scale=scale,
+                                            softcap=SOFTCAP if key == "fa3_fp8_cap" else 0.0,
                                             q_descale=s["q_descale"], k_descale=s["k_descale"],
                                             v_descale=s["v_descale"]) for s, o in zip(qsets, outs8)]
         else:
@@ -859,10 +864,13 @@ def extra_fp8(torch, lib, args, l2, dtype, d, causal, seqlen):
             res, out8, kname = {"ms": None, "tflops": None, "reps": 0, "error": error_text(e)}, None, None
         record(torch, row, key, res, out8, f, kname)
         if out8 is not None:  # against float64 attention on the bf16 values (input quantization included)
-            kept["outs"][key] = out8[0, :, :REF_HEADS]
+            (capped if key == "fa3_fp8_cap" else kept["outs"])[key] = out8[0, :, :REF_HEADS]
         del params, outs8
     if kept["outs"]:
         row["rel_err_vs_fp64"].update(reference_check(torch, kept, causal, scale))
+    if capped:
+        row["rel_err_vs_fp64"].update(reference_check(torch, {"inputs": kept["inputs"], "outs": capped}, causal,
+                                                      scale, softcap=SOFTCAP))
     return row
 
 
