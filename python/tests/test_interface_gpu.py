@@ -193,7 +193,7 @@ def test_kvcache_append_and_rotary(page, interleaved, s_new):
                                       cache_seqlens=lens, page_table=page_table, causal=True,
                                       rotary_interleaved=interleaved)
     k_ref, v_ref = k_full.clone(), v_full.clone()
-    from fa3.interface import _rotary
+    from fa3._kvcache import rotary as _rotary
     for i in range(b):
         n = int(lens[i])
         k_ref[i, n:n + s_new] = _rotary(k_new[i:i + 1], cos[None, n:n + s_new], sin[None, n:n + s_new], interleaved)[0]
@@ -228,7 +228,7 @@ def test_kvcache_append_with_packed_queries(paged, packed_new):
                                            cu_seqlens_q=cu, max_seqlen_q=max(n_new),
                                            cu_seqlens_k_new=cu if packed_new else None, return_softmax_lse=True)
     assert out.shape == q.shape and lse.shape == (h, total)
-    from fa3.interface import _rotary
+    from fa3._kvcache import rotary as _rotary
     k_ref, v_ref = k_full.clone(), v_full.clone()
     for i in range(b):
         n, a, e = int(lens[i]), int(cu[i]), int(cu[i + 1])
@@ -261,7 +261,7 @@ def test_kvcache_left_padding_and_rotary_positions(s_new):
     k_cache, v_cache = k_full.clone(), v_full.clone()
     out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                       cache_seqlens=lens, cache_leftpad=pad, rotary_seqlens=rot, causal=True)
-    from fa3.interface import _rotary
+    from fa3._kvcache import rotary as _rotary
     k_ref, v_ref = k_full.clone(), v_full.clone()
     for i in range(b):
         n, p, r = int(lens[i]), int(pad[i]), int(rot[i])

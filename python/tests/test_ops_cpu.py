@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fa3
-from fa3 import _ops, interface
+from fa3 import _kvcache, _ops, interface
 
 needs_lib = pytest.mark.skipif(not fa3.available(), reason=f"fa3 operators not built: {_ops.load_error()}")
 
@@ -258,7 +258,7 @@ def test_rotary_matches_the_rotation_formula(interleaved):
     s, h, d, r = 6, 2, 16, 8
     x = torch.randn(1, s, h, d, dtype=torch.float64)
     theta = torch.rand(s, r // 2, dtype=torch.float64) * 6
-    y = interface._rotary(x, theta.cos()[None], theta.sin()[None], interleaved)
+    y = _kvcache.rotary(x, theta.cos()[None], theta.sin()[None], interleaved)
     ref = x.clone()
     for i in range(r // 2):
         a, b_ = (2 * i, 2 * i + 1) if interleaved else (i, i + r // 2)
@@ -351,11 +351,11 @@ def test_kvcache_append_outside_the_cache_writes_nothing(paged):
                 expect[int(table[i, p // page]), p % page] = new[i, j]
             else:
                 expect[i, p] = new[i, j]
-    interface._append_rows(cache, table, pos, new)
+    _kvcache.append_rows(cache, table, pos, new)
     assert torch.equal(cache, expect)
     e4m3 = expect.to(torch.float8_e4m3fn)  # a one-byte cache (written as bytes)
     cache8 = e4m3.clone()
-    interface._append_rows(cache8, table, pos, new)
+    _kvcache.append_rows(cache8, table, pos, new)
     assert torch.equal(cache8.view(torch.uint8), e4m3.view(torch.uint8))
 
 
@@ -399,7 +399,7 @@ def test_kvcache_rotary_positions_of_queries(monkeypatch, causal, window, chunk,
     fa3.flash_attn_with_kvcache(q, cache, cache, rotary_cos=cos, rotary_sin=sin, cache_seqlens=3,
                                 causal=causal, window_size=window, attention_chunk=chunk)
     pos = 3 + torch.arange(s_q) if local else torch.full((s_q,), 3)
-    want = interface._rotary(q, cos[pos][None], sin[pos][None], True)
+    want = _kvcache.rotary(q, cos[pos][None], sin[pos][None], True)
     assert torch.equal(seen["q"].reshape(want.shape), want)
 
 
@@ -662,7 +662,7 @@ def test_cache_as_packed_rows():
     call clamps them (the end to the cache, the padding to the end); batch strides that are not
     whole rows (with more than one entry), rows per entry that differ between k_cache and v_cache,
     and a cache_leftpad of another length are named."""
-    from fa3.interface import _cache_rows
+    from fa3._kvcache import cache_rows as _cache_rows
     b, length, h, d = 4, 10, 2, 4
     k = torch.randn(b, length + 2, h, d)[:, :length]  # a batch stride of 12 rows
     v = torch.randn(b, length + 2, h, d)[:, :length]
