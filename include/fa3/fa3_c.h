@@ -22,8 +22,8 @@
  * The caller's contract where fa3 cannot check on the host without a sync (device arrays):
  * cu_seqlens_* start at 0 and do not decrease, cu_seqlens_q[b+1] - cu_seqlens_q[b] <= seqlen_q
  * (likewise k; with seqused_k, cu_seqlens_k[b] is only sequence b's first key row, in any order,
- * its keys rows cu_seqlens_k[b] .. + seqused_k[b] - 1 < total_k), cu_seqlens_*[batch] <= total_*, 0 <= seqused_*[b] <= that sequence's length
- * (seqlen_* without cu_seqlens), page_table entries in [0, num_pages).  The up to 127 K/V rows
+ * its keys rows cu_seqlens_k[b] .. + seqused_k[b] - 1 < total_k), cu_seqlens_*[batch] <= total_*,
+ * 0 <= seqused_*[b] <= that sequence's length (seqlen_* without cu_seqlens), page_table entries in [0, num_pages).  The up to 127 K/V rows
  * after a sequence's last used key (seqused_k, or the next sequence's rows) are read in its last
  * key block and given weight 0: they must hold finite values (NaN * 0 is NaN); rows past total_k or
  * past seqlen_k of a fixed-length batch are never read. The backward likewise reads the up to 63

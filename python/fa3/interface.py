@@ -52,16 +52,25 @@ def _chunked_attention(q, k, v, chunk, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                        descales, kwargs, seqused_q=None, seqused_k=None):
     """attention_chunk: one varlen call over the sequences cut into their chunks (_chunked.py).
     Returns (out, lse) in the caller's layouts."""
-    packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
+    packed_k = cu_seqlens_k is not None
     args = _chunked.chunked_varlen_args(q, k, chunk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                         seqused_q=seqused_q, seqused_k=seqused_k)
+    return _grouped_call(q, cu_seqlens_q, _chunked.packed(k, packed_k), _chunked.packed(v, packed_k), args,
+                         descales, kwargs)
+
+
+def _grouped_call(q, cu_seqlens_q, k, v, args, descales, kwargs):
+    """The one varlen call of chunked attention over its groups (args: _chunked's, every sequence's
+    groups in a row): FlashAttention-3's per-(batch, kv head) descales repeated per group, q as
+    packed rows; returns (out, lse) in the caller's layouts (packed, or [b, s_q, h, d] and
+    [b, h, s_q])."""
+    packed_q = cu_seqlens_q is not None
     batch = cu_seqlens_q.shape[0] - 1 if packed_q else q.shape[0]
     per_sequence = (args["cu_seqlens_q"].shape[0] - 1) // batch  # groups of each sequence
-    # FlashAttention-3's per-(batch, kv head) descales, per group (each sequence's groups in a row).
     descales = [None if t is None else t.repeat_interleave(per_sequence, dim=0) for t in descales]
-    out, lse = _ops.fwd(_chunked.packed(q, packed_q), _chunked.packed(k, packed_k), _chunked.packed(v, packed_k),
-                        q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], **args, **kwargs)
+    out, lse = _ops.fwd(_chunked.packed(q, packed_q), k, v, q_descale=descales[0], k_descale=descales[1],
+                        v_descale=descales[2], **args, **kwargs)
     if packed_q:
         return out, lse
     b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
@@ -247,16 +256,9 @@ def _kvcache_chunked(q, k_cache, v_cache, chunk, cu_seqlens_q, max_seqlen_q, seq
         k_rows, v_rows = k_cache, v_cache
         args = _chunked.group_args(len_q, first_q, len_k, chunk, seqlen_k, page_table=page_table,
                                    page_size=page_size)
-    per_sequence = (args["cu_seqlens_q"].shape[0] - 1) // batch  # groups of each sequence
-    descales = [None if t is None else t.repeat_interleave(per_sequence, dim=0) for t in descales]
+    args["max_seqlen_q"] = int(max_seqlen_q or 0) if packed_q else q.shape[1]
     with torch.no_grad():
-        out, lse = _ops.fwd(_chunked.packed(q, packed_q), k_rows, v_rows,
-                            max_seqlen_q=int(max_seqlen_q or 0) if packed_q else q.shape[1],
-                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], **args, **kwargs)
-    if packed_q:
-        return out, lse
-    b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
-    return out.reshape(b, s_q, h, out.shape[-1]), lse.reshape(h, b, s_q).permute(1, 0, 2).contiguous()
+        return _grouped_call(q, cu_seqlens_q, k_rows, v_rows, args, descales, kwargs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,

@@ -26,10 +26,17 @@
 
 namespace fa3::detail {
 
+namespace {
+// e4m3 with block descales: the WithBlockDescales tiles.
+bool has_block_descales(const fa3_fwd_params& p) {
+  return p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
+}
+}  // namespace
+
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
-  const bool block_descales = p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
-  if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f && block_descales) return "fp8 inputs with softcap and block descales";
+  if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f && has_block_descales(p))
+    return "fp8 inputs with softcap and block descales";
   // Paged KV: a key block is loaded in boxes of gcd(kBlockN, page_size) rows, which must keep the
   // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128). Other
   // page sizes are gathered row by row by two producer warps (kv_gather.cuh), which the e4m3
@@ -212,10 +219,8 @@ Status by_fp8_features(const FwdProblem& f, const Op& op) {
 }
 template <class Op>
 Status by_fp8(const FwdProblem& f, const Op& op) {
-  const fa3_fwd_params& p = *f.p;
-  const bool block = p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
-  if (block) return by_fp8_features<true, false>(f, op);  // (no softcap: hopper_fwd_unsupported_reason)
-  return p.softcap > 0.f ? by_fp8_features<false, true>(f, op) : by_fp8_features<false, false>(f, op);
+  if (has_block_descales(*f.p)) return by_fp8_features<true, false>(f, op);  // (no softcap: hopper_fwd_unsupported_reason)
+  return f.p->softcap > 0.f ? by_fp8_features<false, true>(f, op) : by_fp8_features<false, false>(f, op);
 }
 
 template <class Op>
