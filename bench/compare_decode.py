@@ -11,6 +11,8 @@ own next to the contiguous K/V).
   python3 bench/compare_decode.py --quick --json decode.json
   python3 bench/compare_decode.py --batch 8 --keys 32k --heads 32:8 --pages 0 --impls fa3,cudnn
   python3 bench/compare_decode.py --splits 1                    # fa3 without split-KV
+  python3 bench/compare_decode.py --batch 64 --keys 4k --heads 32:32 --sq 1 --pages 0 --splits 0,1,3,4,8
+                                                                # a row per split count (peers timed once)
 
 Rows: fa3 non-causal for every case; for s_q > 1 also fa3 causal, bottom-right aligned (query i
 sees keys <= i + keys - s_q: speculative decoding).  The SDPA peers run on the contiguous tensors
@@ -76,8 +78,9 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--quick", action="store_true",
                     help="batch 1,64, s_q 1,4, keys 4k,128k, heads 32:8, pages 0,256 (explicit flags still win)")
-    ap.add_argument("--splits", type=int, default=0,
-                    help="fa3's num_splits: 0 = automatic (default), 1 = no split, > 1 = that many key splits")
+    ap.add_argument("--splits", type=compare.int_list, default=[0],
+                    help="fa3's num_splits: 0 = automatic (default), 1 = no split, > 1 = that many key splits; "
+                         "a list gives an fa3 row per value (the peers run once, their figures on every row)")
     ap.add_argument("--max-gb", type=float, default=20.0,
                     help="skip a case whose K+V (with a paged pool: both copies) exceeds this many GB (default 20)")
     ap.add_argument("--impls", default=",".join(IMPLS), help="subset of fa3,cudnn,fa2")
@@ -107,7 +110,7 @@ def parse_args(argv=None):
         ap.error("--batch, --sq, --keys, --d must be >= 1 and --pages >= 0")
     if min(args.keys) < max(args.sq):
         ap.error("--keys must be >= --sq (a causal row would have queries that see no key)")
-    if args.splits < 0:
+    if min(args.splits) < 0:
         ap.error("--splits must be >= 0 (0 = automatic)")
     if args.rep < 1:
         ap.error("--rep must be >= 1")
@@ -275,37 +278,46 @@ def run_case(torch, lib, args, l2, dtype, case):
     if not specs:
         return []
     if nbytes > cap:
-        return [skip_row(case, None, nbytes, args.splits, too_big(nbytes, "K+V", args.max_gb))]
+        return [skip_row(case, None, nbytes, args.splits[0], too_big(nbytes, "K+V", args.max_gb))]
     n_sets = n_input_sets(nbytes, l2)
     sets = make_decode_sets(torch, case, dtype, n_sets)
     scale = 1.0 / math.sqrt(case["d"])
     gqa = case["hq"] != case["hkv"]
-    rows, outs = [], {}
+    rows, outs, copies = [], {}, []  # copies: (row, row whose peer figures it shows)
     for pages in dict.fromkeys(p for p, _ in specs):  # in --pages order
         causals = [c for p, c in specs if p == pages]
         if pages and nbytes * 2 > cap:  # the paged pool sits next to the contiguous K/V it is copied from
             why = too_big(2 * nbytes, "K+V + paged pool", args.max_gb)
-            rows.append(skip_row(case, pages, nbytes, args.splits, why))
+            rows.append(skip_row(case, pages, nbytes, args.splits[0], why))
             continue
         if pages and case["keys"] % pages:
-            rows.append(skip_row(case, pages, nbytes, args.splits,
+            rows.append(skip_row(case, pages, nbytes, args.splits[0],
                                  f"skipped: keys {case['keys']} not a multiple of the page size"))
             continue
         psets, table = compare.paged_sets(torch, sets, pages) if pages else (sets, None)
         for causal in causals:
-            row = new_row(case, pages, causal, nbytes, n_sets, args.splits)
-            tag = f"p{pages}{'c' if causal else ''}"
-            if "fa3" in args.impls and lib is not None:
-                res, out, kname = compare.run_fa3(torch, lib, args, psets, causal, scale, page_table=table,
-                                                  num_splits=args.splits)
-                row["fa3_kernel"] = kname
-                record(torch, row, "fa3", res, out, nbytes, outs, f"fa3 {tag}")
-            if pages == 0 and not causal:
-                for impl in PEERS:
-                    if impl in args.impls:
-                        res, out = run_peer(torch, args, impl, sets, gqa, scale)
-                        record(torch, row, impl, res, out, nbytes, outs, f"{impl} {tag}")
-            rows.append(row)
+            first = None  # the row of the first split count: the peers run there
+            for splits in args.splits:
+                row = new_row(case, pages, causal, nbytes, n_sets, splits)
+                tag = f"p{pages}{'c' if causal else ''}s{splits}"
+                if "fa3" in args.impls and lib is not None:
+                    res, out, kname = compare.run_fa3(torch, lib, args, psets, causal, scale, page_table=table,
+                                                      num_splits=splits)
+                    row["fa3_kernel"] = kname
+                    record(torch, row, "fa3", res, out, nbytes, outs, f"fa3 {tag}")
+                if pages == 0 and not causal and first is not None:
+                    for impl in PEERS:
+                        if impl in first["impls"]:
+                            row["impls"][impl] = first["impls"][impl]
+                            row["nan"][impl] = first["nan"].get(impl)
+                    copies.append((row, first))
+                elif pages == 0 and not causal:
+                    for impl in PEERS:
+                        if impl in args.impls:
+                            res, out = run_peer(torch, args, impl, sets, gqa, scale)
+                            record(torch, row, impl, res, out, nbytes, outs, f"{impl} {tag}")
+                first = first or row
+                rows.append(row)
         del psets, table
     if outs:
         s0 = sets[0]
@@ -313,6 +325,10 @@ def run_case(torch, lib, args, l2, dtype, case):
                                 scale)
         for k, (_, _, row, impl) in outs.items():
             row["rel_err_vs_ref"][impl] = errs[k]
+        for row, first in copies:
+            for impl in PEERS:
+                if impl in first["rel_err_vs_ref"]:
+                    row["rel_err_vs_ref"][impl] = first["rel_err_vs_ref"][impl]
     del sets, outs
     torch.cuda.empty_cache()
     return rows
@@ -344,7 +360,7 @@ def add_ratios(row, index):
 
 def key(row, **change):
     r = dict(row, **change)
-    return tuple(r[n] for n in ("batch", "sq", "keys", "hq", "hkv", "d", "pages", "causal"))
+    return tuple(r[n] for n in ("batch", "sq", "keys", "hq", "hkv", "d", "pages", "causal", "num_splits"))
 
 
 def notes(row):
@@ -376,7 +392,7 @@ def ratio_cell(row, name, spec="9.2f"):
 
 def print_header(env, args):
     print(compare.env_line(env).replace("forward", "decode (forward, few queries, long KV cache)"))
-    splits = "automatic" if args.splits == 0 else str(args.splits)
+    splits = ",".join("automatic" if s == 0 else str(s) for s in args.splits)
     print(f"# {args.dtype}, d {args.d}, timer {args.timer}, inputs rotated over >= {ROTATE_L2}x L2 of K+V; "
           f"TB/s = K+V bytes / t; fa3 num_splits {splits}; fa3 causal = bottom-right (query i sees keys "
           f"<= i + keys - s_q)")
@@ -477,7 +493,7 @@ def host_cost(torch, lib, args, dtype):
     if lib is not None and "fa3" in args.impls:
         try:
             o = torch.empty_like(q)
-            p = fa3_ctypes.fwd_params(lib, q, k, v, o, num_splits=args.splits)
+            p = fa3_ctypes.fwd_params(lib, q, k, v, o, num_splits=args.splits[0])
             stream = torch.cuda.current_stream().cuda_stream
             out["fa3_us"] = per_call_us(torch, lambda: fa3_ctypes.run_forward(lib, p, stream), args.host_calls)
         except compare.ERRORS as e:

@@ -1388,8 +1388,10 @@ TEST(FwdGpu, CombineNeverReadsEmptySplits) {
 
 // ------------------------------------------------------------------------ fp8 ----
 
-// The FP8 cases of the two tests below: lengths off the tiles (1, 17, 1000), causal, windows, GQA
-// and MQA, every padded head dim and a d_qk != d_v pair, varlen with empty sequences, paged K/V.
+// The FP8 cases of the three tests below (Fp8BlockDescales and Fp8Softcap add block descales or
+// softcap to each: none here has either): lengths off the tiles (1, 17, 1000), causal, windows,
+// GQA and MQA, every padded head dim and a d_qk != d_v pair, varlen with empty sequences, paged
+// K/V, gathered pages.
 std::vector<FwdCase> fp8_cases() {
   std::vector<FwdCase> cases;
   for (int dim : {64, 128, 256})
@@ -1443,6 +1445,33 @@ std::vector<FwdCase> fp8_cases() {
   c.page_size = 256;
   c.head_dim = 256;
   cases.push_back(c);
+  // Pages that are not a multiple of 16 rows: gathered row by row (warps 1 and 2), V transposed by
+  // warp 3 alone (more tiles, block descales and softcap: Fp8GatheredPages). Each head dim's first
+  // tile, the d256 128-key and d128 192-key tiles from 4k keys, varlen with a one-key sequence,
+  // GQA and MQA, masks.
+  int n = 0;
+  for (int page : {1, 24, 7})
+    for (int dim : {64, 128, 256}) {
+      c = FwdCase();
+      c.dtype = FA3_DTYPE_E4M3;
+      c.page_size = page;
+      c.head_dim = dim;
+      c.heads_q = 4;
+      c.heads_kv = n % 2 ? 1 : 2;
+      if (page == 7) {  // fixed lengths from 4k keys, unmasked
+        c.batch = 2;
+        c.seqlen_q = 100;
+        c.seqlen_k = 4200;
+      } else {
+        c.batch = 3;
+        c.varlen_k = {700, 1, 300};
+        c.seqlen_q = 130;
+        c.causal = n % 3 == 0;
+        if (n % 3 == 1) c.window_left = 90, c.window_right = 10;
+      }
+      ++n;
+      cases.push_back(c);
+    }
   return cases;
 }
 
@@ -1604,6 +1633,53 @@ TEST(FwdGpu, Fp8Softcap) {
   }
 }
 
+// Gathered pages (not a multiple of 16 rows) on every FP8 tile the dispatch picks: the d256 64-key
+// tiles (masked, and unmasked fixed lengths under 4k keys), d256's masked 128-key tile from 4k keys,
+// the d64 192-row tiles (unmasked from 1k queries, masked from 2k), d128's 192-key tile masked; block
+// descales (the block-descale tiles, d64's 192-row one included) and softcap with per-head descales.
+TEST(FwdGpu, Fp8GatheredPages) {
+  FA3_REQUIRE_GPU();
+  std::vector<FwdCase> cases;
+  auto add = [&](int dim, int page, int q, int k, bool causal, int q_block = 0, int kv_block = 0,
+                 float softcap = 0.f) {
+    FwdCase c;
+    c.dtype = FA3_DTYPE_E4M3;
+    c.head_dim = dim;
+    c.page_size = page;
+    c.batch = 2;
+    c.seqlen_q = q;
+    c.seqlen_k = k;
+    c.causal = causal;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.q_block = q_block;
+    c.kv_block = kv_block;
+    c.softcap = softcap;
+    cases.push_back(c);
+  };
+  add(256, 1, 150, 777, true);     // 128 x 64, masked
+  add(256, 8, 150, 1000, false);   // 128 x 64, unmasked under 4k keys
+  add(256, 24, 150, 4200, true);   // 128 x 128, masked from 4k keys
+  add(64, 1, 1100, 1300, false);   // 192 x 128, unmasked from 1k queries
+  add(64, 7, 2100, 2100, true);    // 192 x 128, masked from 2k
+  add(128, 1, 150, 4200, true);    // 128 x 192, masked
+  add(128, 24, 150, 1000, true, 64, 128);   // block descales
+  add(256, 1, 150, 777, false, 1, 256);
+  add(64, 7, 1100, 1300, false, 64, 128);   // d64's 192-row block-descale tile
+  add(64, 24, 150, 1000, true, 0, 0, 15.f);  // softcap
+  add(256, 1, 150, 4200, false, 0, 0, 30.f);
+  FwdCase v;  // varlen queries and keys over gathered pages, a window
+  v.dtype = FA3_DTYPE_E4M3;
+  v.batch = 3;
+  v.page_size = 5;
+  v.varlen_q = {70, 0, 129};
+  v.varlen_k = {200, 50, 129};
+  v.window_left = 60;
+  v.window_right = 0;
+  cases.push_back(v);
+  expect_fp8_matches_reference(cases);
+}
+
 // A few small FP8 problems (every head dim, masks, varlen with an empty sequence, GQA): the
 // sanitizer's cases (tools/gpu-check.sh), the V transposer's rings included.
 TEST(FwdGpu, Fp8SmallCases) {
@@ -1628,6 +1704,9 @@ TEST(FwdGpu, Fp8SmallCases) {
     run_fwd_case(c);
     c.q_block = c.kv_block = 0;  // softcap (per-head descales)
     c.softcap = 5.f;
+    run_fwd_case(c);
+    c.softcap = 0.f;  // gathered pages (two gather warps and a lone transposer)
+    c.page_size = dim == 128 ? 1 : 24;
     run_fwd_case(c);
   }
   // Fixed lengths from 4k keys: d256's 128-key tiles (unmasked; masked: shorter key sequences take
@@ -1673,14 +1752,6 @@ TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
   c.kv_block = 128;
   EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
   run_fwd_case(c, /*expect_hopper=*/false);
-  c = FwdCase();
-  c.batch = 2;
-  c.varlen_q = {100, 3};
-  c.varlen_k = {50, 260};
-  c.dtype = FA3_DTYPE_E4M3;
-  c.page_size = 24;  // e4m3 K/V in pages that are not a multiple of 16 rows (the 16-bit kernels gather them)
-  EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
-  run_fwd_case(c, false);
   c = FwdCase();
   c.softmax_scale = -0.1f;  // negative scale
   EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();

@@ -475,8 +475,9 @@ TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
 template <class Cfg>
 void check_gather_lanes() {
   using Lanes = GatherLanes<Cfg::kBlockN>;
+  constexpr int eb = Cfg::kOperandBytes, panel_cols = 128 / eb, chunk_cols = 16 / eb;
   for (int cols : {Cfg::kHeadDim, Cfg::kHeadDimV}) {
-    const int panels = (cols + 63) / 64;
+    const int panels = (cols + panel_cols - 1) / panel_cols;
     std::vector<int> written(size_t(Cfg::kBlockN) * panels * 8, 0), looked_up(Cfg::kBlockN, 0);
     std::vector<int> offsets;
     for (int j = 0; j < Lanes::kOwned; ++j) {
@@ -487,21 +488,23 @@ void check_gather_lanes() {
         for (int pn = 0; pn < panels; ++pn) {
           std::vector<int> segment_chunks(Cfg::kBlockN, 0);
           for (int lane = 0; lane < 32; ++lane) {
-            const int row = Lanes::row(lane, i), col = 64 * pn + 8 * Lanes::chunk(lane);
+            const int row = Lanes::row(lane, i), col = panel_cols * pn + Lanes::template chunk_col<eb>(lane);
+            ASSERT_EQ(Lanes::template chunk_col<eb>(lane), chunk_cols * Lanes::chunk(lane));
             ASSERT_LT(row, Cfg::kBlockN);
             ASSERT_EQ(Lanes::owned_row(Lanes::owner_lane(lane, i), Lanes::owner_slot(i)), row) << "pass " << i;
             if (col >= cols) continue;
             ++written[(size_t(row) * panels + pn) * 8 + Lanes::chunk(lane)];
             ++segment_chunks[row];
-            const uint32_t at = hopper::swizzled_offset<2>(row, col, Cfg::kBlockN);
-            ASSERT_LT(at, uint32_t(hopper::SmemTile16<Cfg::kBlockN, 64>::kPanelBytes * panels));
+            const uint32_t at = hopper::swizzled_offset<eb>(row, col, Cfg::kBlockN);
+            ASSERT_EQ(at % 16, 0u) << "a chunk starts a 16-byte bank group";
+            ASSERT_LT(at, uint32_t(hopper::SmemTile<eb, Cfg::kBlockN, panel_cols>::kPanelBytes * panels));
             offsets.push_back(int(at));
           }
           int rows_read = 0;
           for (int n : segment_chunks) {
             if (n == 0) continue;
             ++rows_read;
-            EXPECT_EQ(n, std::min(8, (cols - 64 * pn) / 8)) << "a row's chunks split over instructions";
+            EXPECT_EQ(n, std::min(8, (cols - panel_cols * pn) / chunk_cols)) << "a row's chunks split over instructions";
           }
           EXPECT_EQ(rows_read, 4);
         }
@@ -511,7 +514,7 @@ void check_gather_lanes() {
       ASSERT_EQ(looked_up[row], 1) << "row " << row;
       for (int pn = 0; pn < panels; ++pn)
         for (int c = 0; c < 8; ++c)
-          ASSERT_EQ(written[(size_t(row) * panels + pn) * 8 + c], 64 * pn + 8 * c < cols ? 1 : 0)
+          ASSERT_EQ(written[(size_t(row) * panels + pn) * 8 + c], panel_cols * pn + chunk_cols * c < cols ? 1 : 0)
               << "row " << row << " panel " << pn << " chunk " << c;
     }
     std::sort(offsets.begin(), offsets.end());
@@ -520,7 +523,7 @@ void check_gather_lanes() {
 }
 
 TEST(KvGather, LaneMapCoversEveryStage) {
-  // Every 16-bit product tile's key block (64, 80, 112, 128 keys) and head dims (fwd_config.h).
+  // Every product tile's key block (64, 80, 112, 128, 192 keys) and head dims (fwd_config.h).
   check_gather_lanes<FwdConfig<64, false>>();
   check_gather_lanes<FwdConfig<96, true>>();   // 112 keys, 96 columns: a half-used panel
   check_gather_lanes<FwdConfig<128, true>>();  // 80 keys
@@ -529,6 +532,13 @@ TEST(KvGather, LaneMapCoversEveryStage) {
   check_gather_lanes<FwdConfigQkV<192, 128>>();
   check_gather_lanes<FwdSplitConfig<64>>();
   check_gather_lanes<FwdSplitConfig<256>>();
+  // The e4m3 tiles (128 columns a panel): 64-, 128- and 192-key blocks, one to two panels.
+  check_gather_lanes<FwdFp8Config<64, false>>();
+  check_gather_lanes<FwdFp8Config<64, true, true>>();
+  check_gather_lanes<FwdFp8Config<128, false, true>>();  // 192-key blocks
+  check_gather_lanes<FwdFp8Config<256, false>>();
+  check_gather_lanes<FwdFp8Config<256, true>>();
+  check_gather_lanes<FwdFp8Config<256, false, true>>();
 }
 
 }  // namespace

@@ -197,6 +197,22 @@ TEST_F(FwdValidation, E4m3WithDescalesPasses) {
   EXPECT_STREQ(name, "reference-gpu");
 }
 
+// e4m3 K/V in pages that are not a multiple of 16 rows run on the Hopper kernel too (gathered row
+// by row, kv_gather.cuh), as do pages of 16.
+TEST_F(FwdValidation, E4m3GatheredPagesOnHopper) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.out_dtype = FA3_DTYPE_BF16;
+  a.page_table = fake<const int32_t>(0x700000);
+  a.num_pages = 64;
+  a.page_table_batch_stride = 256;
+  const char* name = nullptr;
+  for (int page : {1, 7, 24, 16}) {
+    a.page_size = page;
+    ASSERT_TRUE(Passes(fa3::kernel_name(a, &name))) << page;
+    EXPECT_STREQ(name, "hopper") << page;
+  }
+}
+
 TEST_F(FwdValidation, MqaPasses) {
   a.heads_kv = 1;
   a.k = fa3::bshd(fake(0x200000), kSeqK, 1, kDim);

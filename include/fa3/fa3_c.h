@@ -132,9 +132,8 @@ typedef struct fa3_fwd_params {
   /* FP8 descale factors: float32 [batch, heads_kv] with the strides below (NULL = 1): the attention
    * is computed on q_descale * Q, k_descale * K, v_descale * V (FlashAttention-3's descales).
    * e4m3 problems run on the Hopper FP8 kernel (P is rounded to e4m3 for the PV product there),
-   * except with softcap and block descales together, with pages that are not a multiple of 16
-   * rows, or with a negative softmax_scale (the reference kernel); num_splits has no effect on
-   * them. */
+   * except with softcap and block descales together or with a negative softmax_scale (the
+   * reference kernel); num_splits has no effect on them. */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;

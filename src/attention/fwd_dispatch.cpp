@@ -37,12 +37,6 @@ const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;
   if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f && has_block_descales(p))
     return "fp8 inputs with softcap and block descales";
-  // Paged KV: a key block is loaded in boxes of gcd(kBlockN, page_size) rows, which must keep the
-  // 8-row swizzle atoms whole; multiples of 16 do for every tile (kBlockN 64, 80, 112, 128). Other
-  // page sizes are gathered row by row by two producer warps (kv_gather.cuh), which the e4m3
-  // kernels use to transpose V.
-  if (f.paged && p.page_size % 16 != 0 && p.dtype == FA3_DTYPE_E4M3)
-    return "fp8 inputs with a paged KV page size that is not a multiple of 16";
   if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
   return nullptr;
 }

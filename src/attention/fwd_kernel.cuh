@@ -1,6 +1,7 @@
 // The forward kernel's shell: one producer warpgroup (a TMA warp, or two for paged caches' small
 // boxes, and two gather warps for pages that are not a multiple of 16 rows; with e4m3 operands
-// three more warps that transpose V) and kBlockM/64 consumer warpgroups,
+// three more warps that transpose V, or two gather warps and one transposer) and kBlockM/64
+// consumer warpgroups,
 // persistent over tiles; registers move from the producer to the consumers.
 #pragma once
 #include "src/attention/consumer.cuh"
@@ -23,19 +24,19 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
   auto& bars = smem.bars();
   if (threadIdx.x == 0) {
     bars.q.init(Shape::kConsumers * hopper::kWarpgroupSize);  // every consumer thread releases Q (consumer.cuh)
+    // A gathered stage is complete when each lane of its gather warp has arrived (kv_gather.cuh).
+    const uint32_t fillers = p.page_gather ? hopper::kWarpSize : 1;
+    bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers, fillers);
     if constexpr (Shape::kTransposeV) {
-      bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers);
-      bars.v.init(VTranspose<Cfg>::kThreads);  // V's readers are the transposer's threads,
-      bars.vt.init(Shape::kConsumers, VTranspose<Cfg>::kThreads);  // V^T's writers too
+      const uint32_t transposers = VTranspose<Cfg>::threads(p.page_gather);
+      bars.v.init(transposers, fillers);  // V's readers are the transposer's threads,
+      bars.vt.init(Shape::kConsumers, transposers);  // V^T's writers too
     } else {
-      // A gathered stage is complete when each lane of its gather warp has arrived (kv_gather.cuh).
-      const uint32_t fillers = p.page_gather ? hopper::kWarpSize : 1;
-      bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers, fillers);
       bars.v.init(Shape::kConsumers, fillers);
-      for (int s = 0; s < Cfg::kStages; ++s) {
-        hopper::mbarrier_init(&bars.posted.k[s], 1);
-        hopper::mbarrier_init(&bars.posted.v[s], 1);
-      }
+    }
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      hopper::mbarrier_init(&bars.posted.k[s], 1);
+      hopper::mbarrier_init(&bars.posted.v[s], 1);
     }
     hopper::mbarrier_init_fence();
   }
@@ -46,7 +47,11 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
     if constexpr (Shape::kMoveRegs) hopper::setmaxnreg_dec<Shape::kProducerRegs>();
     const int warp = threadIdx.x / hopper::kWarpSize;
     if constexpr (Shape::kTransposeV) {
+      // Pages gathered row by row: warps 1 and 2 gather K and V into their stages as TMA would
+      // have written them, and warp 3 transposes the V stages alone. Else warps 1-3 transpose.
       if (warp == 0) MainloopLoad<Cfg, Feat>{p, smem}.run(LoadRole::kAll);
+      else if (p.page_gather && warp < 3) KvGather<Cfg>{p, smem}.run(warp == 1);
+      else if (p.page_gather) VTranspose<Cfg>{smem, int(threadIdx.x) % hopper::kWarpSize}.run(1);
       else VTranspose<Cfg>{smem, int(threadIdx.x) - hopper::kWarpSize}.run();
     } else {
       // Key blocks that span several pages (pages of 16 are 8 boxes of K and 8 of V per 128 keys,

@@ -58,17 +58,14 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     p.page_table_batch_stride = a.page_table_batch_stride;
     p.page_size = a.page_size;
     p.page_box_rows = box;
-    // Pages that are not a multiple of 16 rows are gathered row by row (kv_gather.cuh; 16-bit
-    // kernels only: the dispatch keeps e4m3 on the reference kernel); the maps above stay valid
-    // (the producer prefetches them) but are not read.
-    if constexpr (kDtype != FA3_DTYPE_E4M3) {
-      if (a.page_size % 16 != 0) {
-        p.page_gather = true;
-        p.k_pages = a.k.data;
-        p.v_pages = a.v.data;
-        p.k_page_stride = a.k.batch_stride, p.k_row_stride = a.k.row_stride, p.k_head_stride = a.k.head_stride;
-        p.v_page_stride = a.v.batch_stride, p.v_row_stride = a.v.row_stride, p.v_head_stride = a.v.head_stride;
-      }
+    // Pages that are not a multiple of 16 rows are gathered row by row (kv_gather.cuh); the maps
+    // above stay valid (the producer prefetches them) but are not read.
+    if (a.page_size % 16 != 0) {
+      p.page_gather = true;
+      p.k_pages = a.k.data;
+      p.v_pages = a.v.data;
+      p.k_page_stride = a.k.batch_stride, p.k_row_stride = a.k.row_stride, p.k_head_stride = a.k.head_stride;
+      p.v_page_stride = a.v.batch_stride, p.v_row_stride = a.v.row_stride, p.v_head_stride = a.v.head_stride;
     }
   } else {
     FA3_TRY(make_bshd_map(&p.tma_k, "k", dtype, a.k, dqk, e.k_rows, a.heads_kv, e.k_batch, Cfg::kBlockN, 1, kv_promotion));

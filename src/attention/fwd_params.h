@@ -71,7 +71,7 @@ struct FwdKernelParams {
   // row after its last key block (sink.cuh), by the combine kernel when a decode is split.
   const float* sinks;
 
-  // Paged caches whose pages are not a multiple of 16 rows (16-bit kernels): K/V rows gathered by
+  // Paged caches whose pages are not a multiple of 16 rows: K/V rows gathered by
   // cp.async from the cache itself (kv_gather.cuh), not through the tensor maps; element pointers
   // and strides as the API's (a page is a batch entry). Kept last, so that the fields above keep
   // their offsets in every kernel.

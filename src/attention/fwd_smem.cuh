@@ -34,13 +34,10 @@ struct KeyBlockFactorSlots<kStages, true> {
   float4 k_factors[kStages];
 };
 
-// The gather path of the 16-bit kernels (kv_gather.cuh, pages that are not a multiple of 16 rows):
-// per K and V stage, the barrier on which the walker posts a stage's request to its gather warp.
-// The e4m3 kernels have none (an empty member: a few bytes of padding).
-template <int kStages, bool kGather>
-struct GatherPosts {};
+// The gather path (kv_gather.cuh, pages that are not a multiple of 16 rows): per K and V stage, the
+// barrier on which the walker posts a stage's request to its gather warp.
 template <int kStages>
-struct GatherPosts<kStages, true> {
+struct GatherPosts {
   uint64_t k[kStages], v[kStages];
 };
 
@@ -111,7 +108,7 @@ struct FwdSmem {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;
     TileNote note[kQStages];
-    GatherPosts<Cfg::kStages, !kTransposeV> posted;
+    GatherPosts<Cfg::kStages> posted;
   };
   static_assert(sizeof(Barriers) <= kBarrierBound, "the barriers outgrew the bound kQStages assumes");
   // Dynamic smem to request: the layout plus slack to round the base up to 1024 bytes.

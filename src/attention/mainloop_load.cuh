@@ -5,7 +5,8 @@
 // without a visible key never reach the consumers: the producer writes their zeros itself.
 // Where a key block spans several pages of a paged cache, the 16-bit kernels split the rings over two warps
 // of the producer warpgroup, Q and K on warp 0 and V on warp 1 (LoadRole; fwd_kernel.cuh says
-// why); otherwise warp 0 loads all three (the e4m3 kernels' warps 1-3 transpose V). One elected
+// why); otherwise warp 0 loads all three (the e4m3 kernels' warps 1-3 transpose V; pages gathered
+// row by row are posted to gather warps instead, kv_gather.cuh). One elected
 // lane of each walks: with the whole warp in the loop ptxas spilled, in the producer and in the
 // consumers (d64's 160-register tile) as well.
 #pragma once
@@ -65,15 +66,9 @@ struct MainloopLoad {
     hopper::mbarrier_arrive_expect_tx(&ring.full[st.index], Tile::kBytes);
     return (smem.*buffer)(st.index);
   }
-  // The ring's `posted` barriers (the gather path's requests; kv_gather.cuh), none for e4m3.
-  __device__ __forceinline__ uint64_t* posted_k() const {
-    if constexpr (Smem::kTransposeV) return nullptr;
-    else return smem.bars().posted.k;
-  }
-  __device__ __forceinline__ uint64_t* posted_v() const {
-    if constexpr (Smem::kTransposeV) return nullptr;
-    else return smem.bars().posted.v;
-  }
+  // The ring's `posted` barriers (the gather path's requests; kv_gather.cuh).
+  __device__ __forceinline__ uint64_t* posted_k() const { return smem.bars().posted.k; }
+  __device__ __forceinline__ uint64_t* posted_v() const { return smem.bars().posted.v; }
   // The gather path: claims the stage as for TMA (the consumers released it; `note` runs), then
   // posts the block to the ring's gather warp, which fills the stage and arrives on its `full`
   // barrier itself (kv_gather.cuh). n < 0: the end of the stream.
@@ -101,11 +96,9 @@ struct MainloopLoad {
       load_stage<Tile>(map, ring, st, buffer, seq.k_row0() + n * Cfg::kBlockN, kv_head, seq.k_batch(p), note);
       return;
     }
-    if constexpr (!Smem::kTransposeV) {
-      if (p.page_gather) {
-        post_gather(ring, posted, st, buffer, n, kv_head, seq, note);
-        return;
-      }
+    if (p.page_gather) {
+      post_gather(ring, posted, st, buffer, n, kv_head, seq, note);
+      return;
     }
     // Box j holds keys [k0 + j box, ...): its table slot and its row in that page follow from the
     // block's first key by additions (boxes divide pages; one division a block). Boxes past the
@@ -316,14 +309,15 @@ struct MainloopLoad {
       bars.note[q_st.index] = {-1, 0, 0, 0, 0, 0, 0, 0, 0};
       hopper::mbarrier_arrive(&bars.q.full[q_st.index]);
     }
-    if constexpr (!Smem::kTransposeV) {  // the gather warps' end: a request without a block
-      if (p.page_gather) {
-        const Seq none = Seq::unset(p);
-        if (loads_qk) post_gather(bars.k, posted_k(), k_st, &Smem::k, -1, 0, none);
-        if (loads_v) post_gather(bars.v, posted_v(), v_st, &Smem::v, -1, 0, none);
+    if (p.page_gather) {  // the gather warps' end: a request without a block (with e4m3 the V
+      const Seq none = Seq::unset(p);  // gather warp passes it on to the transposer: kv_gather.cuh)
+      if (loads_qk) post_gather(bars.k, posted_k(), k_st, &Smem::k, -1, 0, none);
+      if (loads_v) {
+        post_gather(bars.v, posted_v(), v_st, &Smem::v, -1, 0, none, [&](int stage) {
+          if constexpr (Smem::kTransposeV) bars.v_loaded[stage] = 0;  // what the transposer sees
+        });
       }
-    }
-    if constexpr (Smem::kTransposeV) {  // and a V stage without a block: the transposer's end
+    } else if constexpr (Smem::kTransposeV) {  // a V stage without a block: the transposer's end
       bars.v.producer_acquire(v_st);
       bars.v_loaded[v_st.index] = 0;
       hopper::mbarrier_arrive(&bars.v.full[v_st.index]);

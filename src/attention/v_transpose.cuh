@@ -1,14 +1,16 @@
-// The FP8 kernel's V transpose: warps 1-3 of the producer warpgroup turn each loaded V block
-// [keys][d_v] (the TMA image, FwdSmem::VTile) into V^T [d_v][keys] (FwdSmem::VtTile), the K-major B
+// The FP8 kernel's V transpose: warps 1-3 of the producer warpgroup (warp 3 alone for gathered
+// pages) turn each loaded V block [keys][d_v] (the TMA image, FwdSmem::VTile, or the gather warp's
+// copy of it) into V^T [d_v][keys] (FwdSmem::VtTile), the K-major B
 // operand the e4m3 PV wgmma needs (it has no transpose bit for 8-bit types). Keys are written in
 // the order P's A fragments hold them (hopper::MmaE4m3::pack_step: A position 16G + 4t + q holds
 // key 16G + 2t + (q & 1) + 8 (q >> 1)), so P needs no shuffles.
 //
-// Rings: the V ring's stages are filled by the producer's TMA and released by the 96 transposer
-// threads (each releases its own reads); the V^T ring's are filled by them (each thread fences its
-// stores to the async proxy, where wgmma reads, then arrives) and released by the consumers as
-// the 16-bit kernels release V. A V stage's v_loaded flag, set by the producer before its arrival,
-// is 0 for the end of the stream.
+// Rings: the V ring's stages are filled by the producer's TMA (or a gather warp: kv_gather.cuh) and
+// released by the transposer's threads (each releases its own reads); the V^T ring's are filled by
+// them (each thread fences its stores to the async proxy, where wgmma reads, then arrives) and
+// released by the consumers as the 16-bit kernels release V. A V stage's v_loaded flag, set by the
+// walker before the stage's arrival (or before its post to the gather warp), is 0 for the end of
+// the stream.
 //
 // A block's keys come in parts: 128 keys (one V^T panel: 128 e4m3 columns) at a time, and a last
 // part of 64 (64-key and 192-key blocks). In a part of kKeys keys each thread moves, per step, one
@@ -22,7 +24,9 @@
 // them, at key positions 16G + 4t of the part's panel: 32 distinct banks with 128-key parts, two
 // lanes per bank with 64 (h = 0 and 1 share G). A step's addresses are the chunk's plus per-lane
 // constants (the earlier map, 4 bytes per load, computed a swizzled address per 4 bytes: perf-log
-// step 72). The warps take the block's steps (all parts') in turn.
+// step 72). The warps take the block's steps (all parts') in turn: three warps, or one where warps 1
+// and 2 gather a paged cache's rows (kv_gather.cuh; the V ring's readers and the V^T ring's writers
+// are then 32 threads: fwd_kernel.cuh).
 #pragma once
 #include "src/attention/fwd_smem.cuh"
 #include "src/hopper/arch.cuh"
@@ -35,8 +39,11 @@ struct VTranspose {
   using Smem = FwdSmem<Cfg>;
   using Raw = typename Smem::VTile;
   using Vt = typename Smem::VtTile;
-  static constexpr int kThreads = 96;  // warps 1-3 of the producer warpgroup
+  static constexpr int kThreads = 96;  // warps 1-3 of the producer warpgroup (TMA-loaded V)
   static constexpr int kWarps = kThreads / 32;
+  static constexpr int kGatherThreads = 32;  // warp 3 alone, beside the gather warps
+  // The V ring's readers and the V^T ring's writers (each thread arrives for its own accesses).
+  __host__ __device__ static constexpr int threads(bool gather) { return gather ? kGatherThreads : kThreads; }
   static constexpr int kChunks = Cfg::kHeadDimV / 16;  // 16-byte chunks of a V row
   static constexpr int kRow = hopper::kSwizzleBytes;   // bytes per row of a panel
   static_assert((kChunks & (kChunks - 1)) == 0 && kChunks >= 2, "d_v: a power of two of 16-byte chunks");
@@ -105,7 +112,7 @@ struct VTranspose {
   }
 
   Smem smem;
-  int tid;  // 0 .. 95
+  int tid;  // 0 .. 95 (0 .. 31 with one warp)
 
   // out[j] byte q = a[q] byte j (a 4x4 byte transpose).
   __device__ __forceinline__ static void transpose4(const uint32_t (&a)[4], uint32_t (&out)[4]) {
@@ -153,7 +160,8 @@ struct VTranspose {
     return l;
   }
 
-  __device__ void run() const {
+  // warps: the warps that share the steps (3, or 1 beside the gather warps).
+  __device__ void run(int warps = kWarps) const {
     auto& bars = smem.bars();
     hopper::PipelineState<Cfg::kStages> raw, vt;
     const int warp = tid / 32, lane = tid % 32;
@@ -168,7 +176,7 @@ struct VTranspose {
       const uint32_t src = hopper::smem_u32(smem.v(raw.index));
       const uint32_t dst = hopper::smem_u32(smem.vt(vt.index));
 #pragma unroll 1
-      for (int s = warp; s < kSteps; s += kWarps) {
+      for (int s = warp; s < kSteps; s += warps) {
         if (kTail && (kFullParts == 0 || s >= kFullSteps)) {
           const int sl = s - kFullSteps;
           step(src + last.row, dst + last.panel, last.phase, part_map<Last>(sl, lane, 0).c, last.t);
