@@ -13,13 +13,14 @@
 #include "src/api/validate.h"
 #include "src/attention/append_kv.h"
 #include "src/attention/split_workspace.h"
+#include "tests/valid_args.h"
 
 namespace {
 
-template <typename T = void>
-T* fake(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using fa3::test::fake;
+using fa3::test::kBatch, fa3::test::kSeqQ, fa3::test::kSeqK, fa3::test::kHeadsQ, fa3::test::kHeadsKv,
+    fa3::test::kDim;
+using fa3::test::valid_fwd;
 
 template <typename T>
 T* offset_bytes(T* ptr, uintptr_t bytes) {
@@ -43,25 +44,6 @@ T* offset_bytes(T* ptr, uintptr_t bytes) {
 ::testing::AssertionResult Passes(const fa3::Status& st) {
   if (st.ok()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "code " << st.code() << ": '" << st.message() << "'";
-}
-
-constexpr int kBatch = 2, kSeqQ = 128, kSeqK = 256, kHeadsQ = 8, kHeadsKv = 2, kDim = 128;
-
-// A valid bf16 GQA forward: contiguous BSHD tensors at distinct fake device addresses.
-fa3::FwdArgs valid_fwd() {
-  fa3::FwdArgs a;
-  a.dtype = a.out_dtype = FA3_DTYPE_BF16;
-  a.batch = kBatch;
-  a.seqlen_q = kSeqQ;
-  a.seqlen_k = kSeqK;
-  a.heads_q = kHeadsQ;
-  a.heads_kv = kHeadsKv;
-  a.head_dim_qk = a.head_dim_v = kDim;
-  a.q = fa3::bshd(fake(0x100000), kSeqQ, kHeadsQ, kDim);
-  a.k = fa3::bshd(fake(0x200000), kSeqK, kHeadsKv, kDim);
-  a.v = fa3::bshd(fake(0x300000), kSeqK, kHeadsKv, kDim);
-  a.out = fa3::bshd(fake(0x400000), kSeqQ, kHeadsQ, kDim);
-  return a;
 }
 
 class FwdValidation : public ::testing::Test {
@@ -850,20 +832,7 @@ TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
 // ---- fa3_quantize_fp8 ----
 class QuantizeValidation : public ::testing::Test {
  protected:
-  fa3::QuantizeArgs q = [] {
-    fa3::QuantizeArgs a;
-    a.batch = kBatch;
-    a.seqlen = kSeqK;
-    a.heads = kHeadsKv;
-    a.head_dim = kDim;
-    a.in = fa3::bshd(fake(0x200000), kSeqK, kHeadsKv, kDim);
-    a.out = fa3::bshd(fake(0x900000), kSeqK, kHeadsKv, kDim);
-    a.descale = fake<float>(0xa00000);
-    a.descale_batch_stride = kHeadsKv * 2;
-    a.descale_head_stride = 2;
-    a.hadamard = 1;
-    return a;
-  }();
+  fa3::QuantizeArgs q = fa3::test::valid_quantize();
 };
 
 TEST_F(QuantizeValidation, ValidArgsPass) {
@@ -929,6 +898,16 @@ TEST_F(FwdValidation, WorkspaceMisaligned) {
   a.workspace = fake(0x900004);
   a.workspace_bytes = 1024;
   EXPECT_TRUE(Invalid(fa3::validate(a), "16-byte aligned"));
+}
+
+// A range past the top of the address space (found by the argument fuzzer: the append's offsets
+// into such a workspace overflowed a pointer in the kernel-name query).
+TEST_F(FwdValidation, WorkspaceRangeWrapsAround) {
+  a.workspace = fake(~uintptr_t(0) - 15);
+  a.workspace_bytes = 16;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "workspace_bytes"));
+  a.workspace_bytes = 15;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
 }
 
 // ------------------------------------------------------------ C ABI and calls ----
@@ -1329,26 +1308,7 @@ TEST_F(BwdValidation, GradientTensorsAreChecked) {
 
 class CombineValidation : public ::testing::Test {
  protected:
-  fa3::CombineArgs c = [] {
-    fa3::CombineArgs x;
-    x.num_splits = 4;
-    x.batch = kBatch;
-    x.seqlen = kSeqQ;
-    x.heads = kHeadsQ;
-    x.head_dim = kDim;
-    x.out_partial = fake<const float>(0x100000);
-    x.out_partial_row_stride = kHeadsQ * kDim;
-    x.out_partial_head_stride = kDim;
-    x.out_partial_batch_stride = int64_t(kSeqQ) * kHeadsQ * kDim;
-    x.out_partial_split_stride = kBatch * x.out_partial_batch_stride;
-    x.lse_partial = fake<const float>(0x200000);
-    x.lse_partial_head_stride = 1;
-    x.lse_partial_row_stride = kHeadsQ;
-    x.lse_partial_batch_stride = kSeqQ * kHeadsQ;
-    x.lse_partial_split_stride = kBatch * kSeqQ * kHeadsQ;
-    x.out = fa3::bshd(fake(0x300000), kSeqQ, kHeadsQ, kDim);
-    return x;
-  }();
+  fa3::CombineArgs c = fa3::test::valid_combine();
 };
 
 TEST_F(CombineValidation, ValidArgsPass) { EXPECT_TRUE(Passes(fa3::validate(c))); }

@@ -461,6 +461,9 @@ Status check_workspace(const void* workspace, size_t bytes) {
     return invalid("workspace must not be NULL when workspace_bytes > 0; got workspace_bytes " + to_string(bytes));
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
     return invalid("workspace must be 16-byte aligned (as cudaMalloc's are)");
+  if (bytes > std::numeric_limits<uintptr_t>::max() - reinterpret_cast<uintptr_t>(workspace))
+    return invalid("workspace + workspace_bytes must not wrap around the address space; got workspace " +
+                   hex(workspace) + ", workspace_bytes " + to_string(bytes));
   return ok();
 }
 

@@ -169,9 +169,12 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
   r.seqused_k = a.cache_seqlens != nullptr ? a.cache_seqlens : a.seqused_k;
   r.cache_seqlens = nullptr;
   if (!has_append(a)) return r;
-  // (kernel_name and the workspace query pass no workspace: shapes are all they read then)
-  uint8_t* base = static_cast<uint8_t*>(a.workspace);
-  auto at = [&](size_t offset) { return base != nullptr ? base + offset : nullptr; };
+  // kernel_name and the workspace query read shapes and which pointers are set, not where they
+  // point, and their workspace may be smaller than the append's share: the addresses are computed
+  // as integers, which cannot overflow into undefined behaviour (validation refuses a workspace
+  // range that wraps; fa3_forward checks the share before it launches).
+  const uintptr_t base = reinterpret_cast<uintptr_t>(a.workspace);
+  auto at = [&](size_t offset) { return base != 0 ? reinterpret_cast<uint8_t*>(base + offset) : nullptr; };
   if (w.counts) r.seqused_k = reinterpret_cast<const int32_t*>(at(w.seqused));
   if (a.leftpad_k != nullptr) {  // packed keys: sequence b's from row b * rows + leftpad_k[b] (validated)
     r.cu_seqlens_k = reinterpret_cast<const int32_t*>(at(w.cu_k));
