@@ -534,6 +534,16 @@ def test_operator_errors_name_the_argument(make, match):
         _ops.fwd(q, k, v)
 
 
+def test_sizes_past_int32_are_refused_by_name():
+    # fa3's sizes are int32: a Python int past it is refused, not wrapped (2**32 + 64 would wrap to 64).
+    q = rand(2, 64, 4, 64, dtype=torch.bfloat16).reshape(128, 4, 64)
+    cu = torch.tensor([0, 64, 128], dtype=torch.int32, device=DEV)
+    with pytest.raises(RuntimeError, match="max_seqlen_q: 4294967360 does not fit"):
+        _ops.fwd(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2**32 + 64, max_seqlen_k=64)
+    with pytest.raises(RuntimeError, match="num_splits"):
+        _ops.fwd(q.reshape(2, 64, 4, 64), q.reshape(2, 64, 4, 64), q.reshape(2, 64, 4, 64), num_splits=2**31)
+
+
 def test_paged_cache_too_short_for_max_seqlen_k_is_refused():
     q = rand(2, 1, 8, 64, dtype=torch.bfloat16)
     k_pages = rand(8, 16, 2, 64, dtype=torch.bfloat16)

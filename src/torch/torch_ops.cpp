@@ -40,6 +40,14 @@ using OptTensor = std::optional<Tensor>;
 
 std::string dtype_str(ScalarType t) { return std::string(torch::headeronly::toString(t)); }
 
+// fa3's sizes and counts are int32: a larger one (a tensor of 2^31 rows or more, a Python int past
+// int32) is refused by name, not wrapped into a different, possibly valid, size.
+int32_t int32_arg(int64_t x, const char* name) {
+  FA3_TORCH_CHECK(x >= std::numeric_limits<int32_t>::min() && x <= std::numeric_limits<int32_t>::max(), name,
+                  ": ", x, " does not fit fa3's int32 sizes");
+  return static_cast<int32_t>(x);
+}
+
 fa3_dtype to_fa3_dtype(const Tensor& t, const char* name) {
   switch (t.scalar_type()) {
     case ScalarType::Half: return FA3_DTYPE_FP16;
@@ -188,20 +196,20 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Op
 
   const int64_t batch = p.varlen_q ? cu_seqlens_q->size(0) - 1 : q.size(0);
   FA3_TORCH_CHECK(!p.varlen_q || cu_seqlens_q->dim() == 1, "cu_seqlens_q: expected a 1-D tensor");
-  a.batch = static_cast<int32_t>(batch);
-  a.heads_q = static_cast<int32_t>(q.size(qd - 2));
-  a.heads_kv = static_cast<int32_t>(k.size(kd - 2));
-  a.head_dim_qk = static_cast<int32_t>(q.size(qd - 1));
-  a.head_dim_v = static_cast<int32_t>(v.size(kd - 1));
+  a.batch = int32_arg(batch, "batch");
+  a.heads_q = int32_arg(q.size(qd - 2), "q: heads");
+  a.heads_kv = int32_arg(k.size(kd - 2), "k: heads");
+  a.head_dim_qk = int32_arg(q.size(qd - 1), "q: head_dim");
+  a.head_dim_v = int32_arg(v.size(kd - 1), "v: head_dim");
   if (p.varlen_q) {
-    a.seqlen_q = static_cast<int32_t>(max_seqlen_q);
-    a.total_q = static_cast<int32_t>(q.size(0));
+    a.seqlen_q = int32_arg(max_seqlen_q, "max_seqlen_q");
+    a.total_q = int32_arg(q.size(0), "q: rows");
   } else {
-    a.seqlen_q = static_cast<int32_t>(q.size(1));
+    a.seqlen_q = int32_arg(q.size(1), "q: seqlen");
   }
   if (varlen_k) {
-    a.seqlen_k = static_cast<int32_t>(max_seqlen_k);
-    a.total_k = static_cast<int32_t>(k.size(0));
+    a.seqlen_k = int32_arg(max_seqlen_k, "max_seqlen_k");
+    a.total_k = int32_arg(k.size(0), "k: rows");
   } else if (paged) {
     check_cuda(*page_table, "page_table", p.device);
     FA3_TORCH_CHECK(page_table->scalar_type() == ScalarType::Int && page_table->dim() == 2 &&
@@ -211,17 +219,17 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Op
                     "page_table: its last dimension must be contiguous");
     a.page_table = static_cast<const int32_t*>(page_table->const_data_ptr());
     a.page_table_batch_stride = page_table->stride(0);
-    a.page_size = static_cast<int32_t>(k.size(1));
-    a.num_pages = static_cast<int32_t>(k.size(0));
+    a.page_size = int32_arg(k.size(1), "k: page_size");
+    a.num_pages = int32_arg(k.size(0), "k: pages");
     const int64_t capacity = page_table->size(1) * k.size(1);
     // The kernels read the table entries of the keys they load (seqused_k per sequence, at most
     // seqlen_k): a table too short for them would be read past its rows.
     FA3_TORCH_CHECK(max_seqlen_k <= capacity, "max_seqlen_k: ", max_seqlen_k, " keys exceed page_table's ",
                     page_table->size(1), " pages x page_size ", k.size(1), " = ", capacity);
-    a.seqlen_k = static_cast<int32_t>(max_seqlen_k > 0 ? max_seqlen_k : capacity);
+    a.seqlen_k = int32_arg(max_seqlen_k > 0 ? max_seqlen_k : capacity, "max_seqlen_k");
   } else {
     FA3_TORCH_CHECK(k.size(0) == batch, "k: expected batch ", batch, " (that of q), got ", k.size(0));
-    a.seqlen_k = static_cast<int32_t>(k.size(1));
+    a.seqlen_k = int32_arg(k.size(1), "k: seqlen");
   }
   a.cu_seqlens_q = int32_vector(cu_seqlens_q, "cu_seqlens_q", batch + 1, p.device);
   a.cu_seqlens_k = int32_vector(cu_seqlens_k, "cu_seqlens_k", batch + 1, p.device);
@@ -343,9 +351,9 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                     b.name, ": expected float32 [batch, heads, blocks] = [", a.batch, ", ", b.heads,
                     ", blocks] with contiguous blocks");
     *b.dst = fa3_block_scales{static_cast<const float*>(d.const_data_ptr()), d.stride(0), d.stride(1),
-                              static_cast<int32_t>(b.block_size), static_cast<int32_t>(d.size(2))};
+                              int32_arg(b.block_size, b.name), int32_arg(d.size(2), b.name)};
   }
-  a.num_splits = static_cast<int32_t>(num_splits);
+  a.num_splits = int32_arg(num_splits, "num_splits");
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
 
   return run_forward(p, "fwd");
@@ -379,12 +387,12 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
       FA3_TORCH_CHECK(k_new->dim() == 3 && v_new->dim() == 3 && v_new->size(0) == k_new->size(0),
                       "k_new, v_new: expected [total_new, heads_kv, head_dim] with cu_seqlens_k_new");
       a.cu_seqlens_new = int32_vector(cu_seqlens_k_new, "cu_seqlens_k_new", a.batch + 1, p.device);
-      a.total_new = static_cast<int32_t>(k_new->size(0));
+      a.total_new = int32_arg(k_new->size(0), "k_new: rows");
     } else {
       FA3_TORCH_CHECK(k_new->dim() == 4 && v_new->dim() == 4 && k_new->size(0) == a.batch &&
                           v_new->size(0) == a.batch && v_new->size(1) == k_new->size(1),
                       "k_new, v_new: expected [batch, seqlen_new, heads_kv, head_dim] with q's batch ", a.batch);
-      a.seqlen_new = static_cast<int32_t>(k_new->size(1));
+      a.seqlen_new = int32_arg(k_new->size(1), "k_new: seqlen");
     }
     a.k_new = view_of(*k_new, "k_new", packed, p.device);
     a.v_new = view_of(*v_new, "v_new", packed, p.device);
@@ -404,14 +412,14 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
                     "rotary_sin: expected the shape and strides of rotary_cos");
     a.rotary_cos = rotary_cos->const_data_ptr();
     a.rotary_sin = rotary_sin->const_data_ptr();
-    a.rotary_dim = static_cast<int32_t>(2 * rotary_cos->size(1));
-    a.rotary_rows = static_cast<int32_t>(rotary_cos->size(0));
+    a.rotary_dim = int32_arg(2 * rotary_cos->size(1), "rotary_cos: rotary_dim / 2");
+    a.rotary_rows = int32_arg(rotary_cos->size(0), "rotary_cos: rows");
     a.rotary_row_stride = rotary_cos->stride(0);
     a.rotary_interleaved = rotary_interleaved ? 1 : 0;
   }
   a.leftpad_k = int32_vector(cache_leftpad, "cache_leftpad", a.batch, p.device);
   a.rotary_seqlens = int32_vector(rotary_seqlens, "rotary_seqlens", a.batch, p.device);
-  a.num_splits = static_cast<int32_t>(num_splits);
+  a.num_splits = int32_arg(num_splits, "num_splits");
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
   return run_forward(p, "fwd_kvcache");
 }
@@ -518,11 +526,11 @@ std::tuple<Tensor, Tensor> combine(Tensor out_partial, Tensor lse_partial, int64
   Tensor lse = new_cuda_tensor({b, sq, h}, aoti_torch_dtype_float32(), device);
   fa3::CombineArgs c;
   c.out_dtype = static_cast<fa3_dtype>(out_dtype);
-  c.num_splits = static_cast<int32_t>(out_partial.size(0));
-  c.batch = static_cast<int32_t>(b);
-  c.seqlen = static_cast<int32_t>(sq);
-  c.heads = static_cast<int32_t>(h);
-  c.head_dim = static_cast<int32_t>(d);
+  c.num_splits = int32_arg(out_partial.size(0), "out_partial: splits");
+  c.batch = int32_arg(b, "out_partial: batch");
+  c.seqlen = int32_arg(sq, "out_partial: seqlen");
+  c.heads = int32_arg(h, "out_partial: heads");
+  c.head_dim = int32_arg(d, "out_partial: head_dim");
   c.out_partial = static_cast<const float*>(out_partial.const_data_ptr());
   c.out_partial_split_stride = out_partial.stride(0);
   c.out_partial_batch_stride = out_partial.stride(1);
@@ -558,16 +566,16 @@ std::tuple<Tensor, Tensor> quantize_fp8(Tensor x, int64_t block_size, bool hadam
   Tensor descale = new_cuda_tensor({b, h, blocks}, aoti_torch_dtype_float32(), device);
   fa3::QuantizeArgs q;
   q.in_dtype = x.scalar_type() == ScalarType::Half ? FA3_DTYPE_FP16 : FA3_DTYPE_BF16;
-  q.batch = static_cast<int32_t>(b);
-  q.seqlen = static_cast<int32_t>(s);
-  q.heads = static_cast<int32_t>(h);
-  q.head_dim = static_cast<int32_t>(d);
+  q.batch = int32_arg(b, "x: batch");
+  q.seqlen = int32_arg(s, "x: seqlen");
+  q.heads = int32_arg(h, "x: heads");
+  q.head_dim = int32_arg(d, "x: head_dim");
   q.in = in;
   q.out = view_of(out, "out", /*packed=*/false, device);
   q.descale = static_cast<float*>(descale.mutable_data_ptr());
   q.descale_batch_stride = h * blocks;
   q.descale_head_stride = blocks;
-  q.block_size = static_cast<int32_t>(block_size);
+  q.block_size = int32_arg(block_size, "block_size");
   q.hadamard = hadamard ? 1 : 0;
   q.seed = static_cast<uint64_t>(seed);
   throw_if_failed(fa3::quantize_fp8(q, static_cast<cudaStream_t>(current_stream(device))), "quantize_fp8");
