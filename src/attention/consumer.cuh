@@ -57,7 +57,9 @@ struct FwdConsumer {
       mainloop.scores.begin_tile(p, qk_descale<kFp8>(p, w.batch, w.head));
       return Softmax(p.scale_log2);
     } else {
-      return Softmax(softmax_scale_log2<kFp8>(p, w.batch, w.head));
+      // (A query head of the tile: the decode kernel's packed tiles are per kv head, whose query
+      // heads share its descales; descale.cuh indexes by query head.)
+      return Softmax(softmax_scale_log2<kFp8>(p, w.batch, Mainloop::Rows::head(p, w.head, 0)));
     }
   }
 
