@@ -1002,9 +1002,10 @@ TEST(FwdGpu, DecodeAgainstCpu) {
 
 // e4m3 decodes on the decode kernel (FwdFp8SplitConfig: V transposed by the producer's warps 1-3,
 // pack-GQA rows, split-KV): query lengths 1, 4, 17 x key lengths 1, 17, 1000, 4097, packing (GQA 4:1
-// and 8:1 packed, 6:2 not, MQA, MHA), head dims 64 / 128 / 256 and padded ones, causal and windows,
-// automatic and explicit splits, paged caches (TMA boxes and gathered pages), descales different
-// per (batch, kv head) — which a packed tile must index by its kv head.
+// and 8:1 packed, 6:2 not, MQA, MHA, each with several head dims), head dims 64 / 128 / 256 and
+// padded ones, causal and windows (on 1000 and 4097 keys), sinks, automatic and explicit splits,
+// paged caches (TMA boxes and gathered pages), descales different per (batch, kv head) — which a
+// packed tile must index by its kv head.
 TEST(FwdGpu, DecodeFp8AgainstCpu) {
   FA3_REQUIRE_GPU();
   struct Heads {
@@ -1025,9 +1026,10 @@ TEST(FwdGpu, DecodeFp8AgainstCpu) {
         c.seqlen_k = sk;
         c.heads_q = heads[n % 5].q;
         c.heads_kv = heads[n % 5].kv;
-        c.head_dim = dims[n % 5];
+        c.head_dim = dims[(n + n / 5) % 5];  // every head dim with every packing over the cases
         c.causal = n % 2 == 1;
-        if (n % 7 == 3) c.causal = false, c.window_left = 300, c.window_right = n % 2 ? 0 : 2;
+        if (n % 4 == 2 && sk >= 1000) c.causal = false, c.window_left = 300, c.window_right = n % 3 ? 0 : 2;
+        c.sinks = n % 3 == 1;
         c.with_lse = n % 9 != 4;
         c.workspace = true;
         c.num_splits = splits[n % 7];

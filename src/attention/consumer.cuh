@@ -51,6 +51,9 @@ struct FwdConsumer {
   // descales join the softmax's scale, or with softcap the tanh's factor (score_mod.cuh); block
   // descales: the rows' factors, descale.cuh; the key blocks' come with their K stages.
   __device__ __forceinline__ Softmax begin_tile_scores(const WorkTile& w, const Seq& seq) {
+    // (The two branches below index by w.head, which a packed decode tile's is not: none of them
+    // reaches the decode kernel, split_plan.h.)
+    static_assert(!(Feat::kSplit && (Cfg::kBlockDescales || Feat::kSoftcap)), "decode tiles: per-head descales only");
     if constexpr (Cfg::kBlockDescales) {
       return Softmax(p, w.batch, w.head, mainloop.thread_queries(w.m_block).q, seq.seqlen_q(p));
     } else if constexpr (Feat::kSoftcap) {
