@@ -1000,6 +1000,46 @@ TEST(FwdGpu, DecodeAgainstCpu) {
     }
 }
 
+// e4m3 decodes on the decode kernel (FwdFp8SplitConfig: V transposed by the producer's warps 1-3,
+// pack-GQA rows, split-KV): query lengths 1, 4, 17 x key lengths 1, 17, 1000, 4097, packing (GQA 4:1
+// and 8:1 packed, 6:2 not, MQA, MHA, each with several head dims), head dims 64 / 128 / 256 and
+// padded ones, causal and windows (on 1000 and 4097 keys), sinks, automatic and explicit splits,
+// paged caches (TMA boxes and gathered pages), descales different per (batch, kv head) — which a
+// packed tile must index by its kv head.
+TEST(FwdGpu, DecodeFp8AgainstCpu) {
+  FA3_REQUIRE_GPU();
+  struct Heads {
+    int q, kv;
+  };
+  const Heads heads[] = {{8, 2}, {16, 2}, {6, 2}, {16, 1}, {4, 4}};
+  const int dims[] = {128, 64, 256, 96, 192};
+  const int splits[] = {0, 1, 2, 7, 128, 0, 3};
+  const int pages[] = {0, 0, 16, 1, 0, 24};
+  int n = 0;
+  for (int sq : {1, 4, 17})
+    for (int sk : {1, 17, 1000, 4097})
+      for (int i = 0; i < 2; ++i, ++n) {
+        FwdCase c;
+        c.dtype = FA3_DTYPE_E4M3;
+        c.batch = 1 + n % 3;
+        c.seqlen_q = sq;
+        c.seqlen_k = sk;
+        c.heads_q = heads[n % 5].q;
+        c.heads_kv = heads[n % 5].kv;
+        c.head_dim = dims[(n + n / 5) % 5];  // every head dim with every packing over the cases
+        c.causal = n % 2 == 1;
+        if (n % 4 == 2 && sk >= 1000) c.causal = false, c.window_left = 300, c.window_right = n % 3 ? 0 : 2;
+        c.sinks = n % 3 == 1;
+        c.with_lse = n % 9 != 4;
+        c.workspace = true;
+        c.num_splits = splits[n % 7];
+        if (sq == 17 && c.num_splits <= 1) c.num_splits = 2;  // 17 x 8 rows: explicit splits only
+        c.page_size = pages[n % 6];
+        EXPECT_TRUE(on_decode_kernel(c)) << c.name() << " reached " << instance_of(c);
+        run_fwd_case(c);
+      }
+}
+
 // Splitting changes the summation order and P's rounding: 2..128 splits of the same inputs agree
 // with one split to P's rounding (bounded in rms and in every element, below) and LSE to fp32
 // rounding.

@@ -324,6 +324,13 @@ TEST(SplitPlan, DecodePathAndPacking) {
   EXPECT_FALSE(takes_decode_path(a));
   EXPECT_EQ(split_plan(a, 128, 132).num_splits, 0);  // not the decode path: no splits
   a.softcap = 0.f;
+  a.dtype = FA3_DTYPE_E4M3;  // e4m3: the decode path with per-head descales, not with block descales
+  EXPECT_TRUE(takes_decode_path(a));
+  static const float kFactor = 1.f;
+  a.k_block_descale.data = &kFactor;
+  EXPECT_FALSE(takes_decode_path(a));
+  a.k_block_descale.data = nullptr;
+  a.dtype = FA3_DTYPE_BF16;
   a.num_splits = 100;
   EXPECT_EQ(split_plan(a, 128, 132).num_splits, 4096 / 128);  // capped at the key blocks
   a.num_splits = 0;

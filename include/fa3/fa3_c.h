@@ -133,7 +133,10 @@ typedef struct fa3_fwd_params {
    * is computed on q_descale * Q, k_descale * K, v_descale * V (FlashAttention-3's descales).
    * e4m3 problems run on the Hopper FP8 kernel (P is rounded to e4m3 for the PV product there),
    * except with softcap and block descales together or with a negative softmax_scale (the
-   * reference kernel); num_splits has no effect on them. */
+   * reference kernel). Decodes with per-head descales only (no softcap, no block descales) take
+   * the decode kernel as 16-bit problems do: num_splits > 1 then needs the workspace (an error
+   * without it), automatic splits take what fits; with softcap or block descales num_splits has
+   * no effect. */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;

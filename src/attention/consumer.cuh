@@ -51,13 +51,18 @@ struct FwdConsumer {
   // descales join the softmax's scale, or with softcap the tanh's factor (score_mod.cuh); block
   // descales: the rows' factors, descale.cuh; the key blocks' come with their K stages.
   __device__ __forceinline__ Softmax begin_tile_scores(const WorkTile& w, const Seq& seq) {
+    // (The two branches below index by w.head, which a packed decode tile's is not: none of them
+    // reaches the decode kernel, split_plan.h.)
+    static_assert(!(Feat::kSplit && (Cfg::kBlockDescales || Feat::kSoftcap)), "decode tiles: per-head descales only");
     if constexpr (Cfg::kBlockDescales) {
       return Softmax(p, w.batch, w.head, mainloop.thread_queries(w.m_block).q, seq.seqlen_q(p));
     } else if constexpr (Feat::kSoftcap) {
       mainloop.scores.begin_tile(p, qk_descale<kFp8>(p, w.batch, w.head));
       return Softmax(p.scale_log2);
     } else {
-      return Softmax(softmax_scale_log2<kFp8>(p, w.batch, w.head));
+      // (A query head of the tile: the decode kernel's packed tiles are per kv head, whose query
+      // heads share its descales; descale.cuh indexes by query head.)
+      return Softmax(softmax_scale_log2<kFp8>(p, w.batch, Mainloop::Rows::head(p, w.head, 0)));
     }
   }
 

@@ -82,7 +82,7 @@ struct Epilogue {
     }
     if constexpr (kFp8) {
       // (V's block factors, if any, are in P already: descale.cuh.)
-      const float dv = output_descale<true>(p, w.batch, w.head);
+      const float dv = output_descale<true>(p, w.batch, row_head(w, 0));  // (any row's: one kv head)
       inv[0] *= dv;
       inv[1] *= dv;
     }

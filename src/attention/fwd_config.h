@@ -163,8 +163,8 @@ struct FwdFp8Config;
 template <class Cfg>
 struct Fp8Tile : Cfg {
   static constexpr int kOperandBytes = 1;
-  static_assert(Cfg::kBlockN % 64 == 0 && (Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
-                "the V transpose's lane map: parts of 128 and 64 keys; 2 or 3 consumers");
+  static_assert(Cfg::kBlockN % 64 == 0 && (Cfg::kBlockM == 64 || Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
+                "the V transpose's lane map: parts of 128 and 64 keys; 1 (the decode tiles), 2 or 3 consumers");
 };
 template <bool kMasked>
 struct FwdFp8Config<64, kMasked> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};
@@ -197,6 +197,15 @@ struct WithBlockDescales : Cfg {
   static_assert(128 % Cfg::kBlockN == 0, "a key block within one block of factors (multiples of 128 keys)");
   static constexpr bool kBlockDescales = true;
 };
+// The decode tiles with e4m3 operands: FwdSplitConfig's, V transposed as in the FP8 prefill tiles.
+// A decode's rate is its bytes in flight per SM (above): one-byte K/V halve a stage's, so d128
+// takes four stages (4 x 32 KB of K/V in flight, bf16's 2 x 64 KB), d64 four as bf16 (4 x 16 KB; its
+// e4m3 stages are padded to whole 128-byte panel rows in shared memory), d256 two (2 x 32 KB: three
+// do not fit beside its V^T stages). Not measured yet.
+template <int kHeadDim>
+struct FwdFp8SplitConfig : Fp8Tile<FwdSplitConfig<kHeadDim>> {};
+template <>
+struct FwdFp8SplitConfig<128> : Fp8Tile<TileConfig<128, 64, 128, 4, false, kDecodeSchedule>> {};
 constexpr int fp8_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }
 
 constexpr int split_head_dim(int padded_head_dim) { return padded_head_dim <= 64 ? 64 : padded_head_dim <= 128 ? 128 : 256; }

@@ -4,12 +4,12 @@
 //  - softcap and/or varlen: each head dim's first tile (FwdConfig<d, false>);
 //  - the d_qk 192 / d_v 128 tile (FwdConfigQkV), with and without varlen;
 //  - the decode kernel (FwdSplitConfig, FwdFeatures<true, false, true, true>) per dtype at d64,
-//    d128 and d256, for the problems split_plan() sends there (split_plan.h: decodes, explicit
-//    splits); its splits need the workspace, one split none;
+//    d128 and d256 (e4m3: FwdFp8SplitConfig, per-head descales), for the problems split_plan()
+//    sends there (split_plan.h: decodes, explicit splits); its splits need the workspace, one
+//    split none;
 //  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen, each
 //    with and without block descales (WithBlockDescales), and with softcap (per-head descales
-//    only: the tanh would need each row's and key block's factor inside it); no decode path
-//    (num_splits has no effect: every problem takes the one kernel).
+//    only: the tanh would need each row's and key block's factor inside it).
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
@@ -160,13 +160,18 @@ Status plan_for_workspace(const FwdProblem& f, attn::SplitPlan* plan) {
   return Status();
 }
 
+// The decode tile of a head dim: 16-bit, or with e4m3 operands the same tile as an Fp8Tile (V
+// transposed by the producer's warps 1-3, as in the FP8 prefill tiles).
+template <int kDtype, int kHeadDim>
+using SplitTileOf = std::conditional_t<kDtype == FA3_DTYPE_E4M3, attn::FwdFp8SplitConfig<kHeadDim>,
+                                      attn::FwdSplitConfig<kHeadDim>>;
 template <int kDtype, class Op>
 Status by_split_head_dim(const FwdProblem& f, const Op& op) {
   using Feat = FwdFeatures<true, false, true, true>;
   switch (split_head_dim_of(f)) {
-    case 64: return op.template run<kDtype, attn::FwdSplitConfig<64>, Feat>(f, "d64split");
-    case 128: return op.template run<kDtype, attn::FwdSplitConfig<128>, Feat>(f, "d128split");
-    default: return op.template run<kDtype, attn::FwdSplitConfig<256>, Feat>(f, "d256split");
+    case 64: return op.template run<kDtype, SplitTileOf<kDtype, 64>, Feat>(f, "d64split");
+    case 128: return op.template run<kDtype, SplitTileOf<kDtype, 128>, Feat>(f, "d128split");
+    default: return op.template run<kDtype, SplitTileOf<kDtype, 256>, Feat>(f, "d256split");
   }
 }
 
@@ -220,17 +225,19 @@ Status by_fp8(const FwdProblem& f, const Op& op) {
 template <class Op>
 Status dispatch(const FwdProblem& f, const Op& op) {
   if (const char* why = hopper_fwd_unsupported_reason(f)) return not_supported(std::string("hopper kernel: ") + why);
-  if (f.p->dtype == FA3_DTYPE_E4M3) return by_fp8(f, op);
-  const bool bf16 = f.p->dtype == FA3_DTYPE_BF16;
+  const int dtype = f.p->dtype;
   attn::SplitPlan plan;
   FA3_TRY(plan_for_workspace(f, &plan));
   if (plan.num_splits > 0) {
     FwdProblem split = f;
     split.num_splits = plan.num_splits;
     split.pack_group = plan.pack_group;
-    return bf16 ? by_split_head_dim<FA3_DTYPE_BF16>(split, op) : by_split_head_dim<FA3_DTYPE_FP16>(split, op);
+    return dtype == FA3_DTYPE_BF16   ? by_split_head_dim<FA3_DTYPE_BF16>(split, op)
+           : dtype == FA3_DTYPE_FP16 ? by_split_head_dim<FA3_DTYPE_FP16>(split, op)
+                                     : by_split_head_dim<FA3_DTYPE_E4M3>(split, op);
   }
-  return bf16 ? by_mask<FA3_DTYPE_BF16>(f, op) : by_mask<FA3_DTYPE_FP16>(f, op);
+  if (dtype == FA3_DTYPE_E4M3) return by_fp8(f, op);
+  return dtype == FA3_DTYPE_BF16 ? by_mask<FA3_DTYPE_BF16>(f, op) : by_mask<FA3_DTYPE_FP16>(f, op);
 }
 
 }  // namespace
@@ -241,7 +248,7 @@ Status hopper_fwd_instance(const FwdProblem& f, std::string* name) { return disp
 
 Status hopper_fwd_workspace_bytes(const FwdProblem& f, size_t* bytes) {
   *bytes = 0;
-  if (hopper_fwd_unsupported_reason(f) != nullptr || f.p->dtype == FA3_DTYPE_E4M3) return Status();
+  if (hopper_fwd_unsupported_reason(f) != nullptr) return Status();
   attn::SplitPlan plan;
   FA3_TRY(decode_plan(f, &plan));
   if (plan.num_splits > 1) *bytes = attn::split_workspace(*f.p, plan.num_splits).bytes;

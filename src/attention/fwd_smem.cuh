@@ -63,7 +63,8 @@ struct FwdSmem {
   // (otherwise every tile starts with a Q round trip: a bubble that dominates short sequences).
   // (+1024 alignment slack, +kBarrierBound an upper bound of the barriers, whose size depends on
   // kQStages: checked below)
-  static constexpr int kBarrierBound = 320;
+  // (e4m3 with four or more stages — the FP8 decode tiles — have the V^T ring's barriers as well.)
+  static constexpr int kBarrierBound = kTransposeV && Cfg::kStages >= 4 ? 448 : 320;
   static constexpr int kBytesWithoutQ =
       Cfg::kStages * (kKBytes + kVBytes + kVtBytes) + (Cfg::kOInKV ? 0 : kOBytes) + 1024 + kBarrierBound;
   static constexpr int kQStages = kBytesWithoutQ + 2 * kQBytes <= 227 * 1024 ? 2 : 1;
