@@ -249,6 +249,20 @@ fa3::FwdArgs dense() {
   a.lse = fake<float>(0x500000);
   return a;
 }
+// One query per sequence.
+fa3::FwdArgs decode() {
+  fa3::FwdArgs a = dense();
+  a.seqlen_q = 1;
+  a.q = fa3::bshd(fake(0x100000), 1, kHeadsQ, kDim);
+  a.out = fa3::bshd(fake(0x400000), 1, kHeadsQ, kDim);
+  return a;
+}
+// A workspace larger than any of the starts needs.
+fa3::FwdArgs with_workspace(fa3::FwdArgs a) {
+  a.workspace = fake(0x4000000);
+  a.workspace_bytes = size_t(1) << 26;
+  return a;
+}
 
 std::vector<fa3::FwdArgs> fwd_starts() {
   std::vector<fa3::FwdArgs> starts;
@@ -274,13 +288,8 @@ std::vector<fa3::FwdArgs> fwd_starts() {
     starts.push_back(a);
   }
   {  // a decode with explicit splits and their workspace
-    fa3::FwdArgs a = dense();
-    a.seqlen_q = 1;
-    a.q = fa3::bshd(fake(0x100000), 1, kHeadsQ, kDim);
-    a.out = fa3::bshd(fake(0x400000), 1, kHeadsQ, kDim);
+    fa3::FwdArgs a = with_workspace(decode());
     a.num_splits = 8;
-    a.workspace = fake(0x4000000);
-    a.workspace_bytes = size_t(1) << 26;
     starts.push_back(a);
   }
   {  // e4m3 with per-head and block descales
@@ -296,30 +305,11 @@ std::vector<fa3::FwdArgs> fwd_starts() {
     a.v_block_descale = fa3_block_scales{fake<const float>(0x750000), kHeadsKv * 2, 2, 128, 2};
     starts.push_back(a);
   }
-  {  // the KV-cache append with rotary, decode-sized
-    fa3::FwdArgs a = dense();
-    a.seqlen_q = 1;
-    a.q = fa3::bshd(fake(0x100000), 1, kHeadsQ, kDim);
-    a.out = fa3::bshd(fake(0x400000), 1, kHeadsQ, kDim);
-    a.cache_seqlens = fake<const int32_t>(0x600000);
-    a.k_new = fa3::bshd(fake(0x610000), 1, kHeadsKv, kDim);
-    a.v_new = fa3::bshd(fake(0x620000), 1, kHeadsKv, kDim);
-    a.seqlen_new = 1;
-    a.rotary_cos = fake<const void>(0x630000);
-    a.rotary_sin = fake<const void>(0x640000);
-    a.rotary_dim = 64;
-    a.rotary_rows = kSeqK;
-    a.rotary_row_stride = 32;
-    a.workspace = fake(0x4000000);
-    a.workspace_bytes = size_t(1) << 26;
-    starts.push_back(a);
-  }
+  starts.push_back(with_workspace(with_append(decode(), 1)));  // the KV-cache append with rotary
   {  // a left-padded cache
-    fa3::FwdArgs a = dense();
+    fa3::FwdArgs a = with_workspace(dense());
     a.leftpad_k = fake<const int32_t>(0x600000);
     a.seqused_k = fake<const int32_t>(0x620000);
-    a.workspace = fake(0x4000000);
-    a.workspace_bytes = size_t(1) << 26;
     starts.push_back(a);
   }
   {  // masks, softcap, sinks, d_qk 192 / d_v 128

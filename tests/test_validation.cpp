@@ -619,17 +619,7 @@ TEST_F(FwdValidation, SinksAligned) {
 // ---- the KV-cache append with rotary ----
 class AppendValidation : public FwdValidation {
  protected:
-  void SetUp() override {
-    a.cache_seqlens = fake<const int32_t>(0x600000);
-    a.k_new = fa3::bshd(fake(0x610000), 4, kHeadsKv, kDim);
-    a.v_new = fa3::bshd(fake(0x620000), 4, kHeadsKv, kDim);
-    a.seqlen_new = 4;
-    a.rotary_cos = fake<const void>(0x630000);
-    a.rotary_sin = fake<const void>(0x640000);
-    a.rotary_dim = 64;
-    a.rotary_rows = kSeqK;
-    a.rotary_row_stride = 32;
-  }
+  void SetUp() override { a = fa3::test::with_append(a, 4); }
 };
 
 TEST_F(AppendValidation, ValidArgsPass) {

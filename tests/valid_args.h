@@ -32,6 +32,21 @@ inline fa3::FwdArgs valid_fwd() {
   return a;
 }
 
+// `a` with the KV-cache append of seqlen_new new keys per sequence and a rotary embedding of 64 of
+// its head dims (a decode step's flash_attn_with_kvcache).
+inline fa3::FwdArgs with_append(fa3::FwdArgs a, int seqlen_new) {
+  a.cache_seqlens = fake<const int32_t>(0x600000);
+  a.k_new = fa3::bshd(fake(0x610000), seqlen_new, a.heads_kv, a.head_dim_qk);
+  a.v_new = fa3::bshd(fake(0x620000), seqlen_new, a.heads_kv, a.head_dim_v);
+  a.seqlen_new = seqlen_new;
+  a.rotary_cos = fake<const void>(0x630000);
+  a.rotary_sin = fake<const void>(0x640000);
+  a.rotary_dim = 64;
+  a.rotary_rows = a.seqlen_k;
+  a.rotary_row_stride = 32;
+  return a;
+}
+
 // Four splits of a [batch, seqlen_q, heads_q, d] output in FlashAttention-3's layout, into bf16.
 inline fa3::CombineArgs valid_combine() {
   fa3::CombineArgs x;

@@ -19,20 +19,18 @@ nvcc_san=()
 for f in "${san[@]}"; do nvcc_san+=("-Xcompiler=$f"); done
 inc="-Iinclude -I. -I$build"
 cuda_flags="-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -std=c++17"
-host_cpp=(src/api/api.cpp src/api/status.cpp src/api/validate.cpp src/attention/fwd_dispatch.cpp
-          src/attention/bwd_dispatch.cpp src/hopper/driver_api.cpp src/hopper/launch.cpp src/hopper/tma_map.cpp
-          tests/test_validation.cpp tests/test_api_fuzz.cpp)
-host_cu=(src/attention/append_kv.cu src/attention/combine.cu src/attention/sink_grad.cu src/fp8/quantize_fp8.cu
-         src/oracle/oracle_fwd.cu src/oracle/oracle_bwd.cu)
+# The library's own sources, as the build lists them (its objects outside instantiations/), and
+# the two host-side test files.
+mapfile -t sources < <(cd "$objs" && find src -name '*.o' | sed 's/\.o$//' | sort)
+sources+=(tests/test_validation.cpp tests/test_api_fuzz.cpp)
 built=()
-for f in "${host_cpp[@]}"; do
+for f in "${sources[@]}"; do
+  [ -f "$f" ] || continue  # (an object left from a source since removed)
   o=$out/$(echo "$f" | tr / _).o
-  [ "$o" -nt "$f" ] || g++ -std=c++17 "${san[@]}" $inc -c "$f" -o "$o"
-  built+=("$o")
-done
-for f in "${host_cu[@]}"; do
-  o=$out/$(echo "$f" | tr / _).o
-  [ "$o" -nt "$f" ] || nvcc $cuda_flags "${nvcc_san[@]}" $inc -c "$f" -o "$o"
+  case $f in
+    *.cu) nvcc $cuda_flags "${nvcc_san[@]}" $inc -c "$f" -o "$o" ;;
+    *) g++ -std=c++17 "${san[@]}" $inc -c "$f" -o "$o" ;;
+  esac
   built+=("$o")
 done
 g++ "${san[@]}" -o "$out/host_tests" "${built[@]}" "$objs"/instantiations/*.o \

@@ -26,12 +26,7 @@
 
 namespace fa3::detail {
 
-namespace {
-// e4m3 with block descales: the WithBlockDescales tiles.
-bool has_block_descales(const fa3_fwd_params& p) {
-  return p.q_block_descale.data || p.k_block_descale.data || p.v_block_descale.data;
-}
-}  // namespace
+using attn::has_block_descales;
 
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
   const fa3_fwd_params& p = *f.p;

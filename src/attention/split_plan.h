@@ -46,14 +46,17 @@ struct SplitPlan {
   int pack_group = 1;
 };
 
+// e4m3 with block descales (the WithBlockDescales tiles; the decode tiles take per-head ones only).
+inline bool has_block_descales(const fa3_fwd_params& a) {
+  return a.q_block_descale.data || a.k_block_descale.data || a.v_block_descale.data;
+}
+
 // Decodes (a kv head's query rows, seqlen_q x pack_group, fit two 64-row tiles) and explicit
 // num_splits > 1 take the decode path (no softcap there, and for e4m3 no block descales: those
 // problems keep their kernels).
 inline bool takes_decode_path(const fa3_fwd_params& a) {
   if (a.softcap > 0.f) return false;
-  if (a.dtype == FA3_DTYPE_E4M3 &&
-      (a.q_block_descale.data != nullptr || a.k_block_descale.data != nullptr || a.v_block_descale.data != nullptr))
-    return false;
+  if (a.dtype == FA3_DTYPE_E4M3 && has_block_descales(a)) return false;
   return a.num_splits > 1 || int64_t(a.seqlen_q) * pack_group_for(a) <= 128;
 }
 
