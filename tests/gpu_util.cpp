@@ -77,8 +77,11 @@ bool env_long(const char* name, long long* value) {
 
 std::mt19937& rng() {
   static std::mt19937 gen = [] {
-    const unsigned seed = std::random_device{}();
-    std::printf("[fa3 tests] random seed %u\n", seed);
+    long long given = 0;
+    const bool seeded = env_long("FA3_TEST_SEED", &given);
+    const unsigned seed = seeded ? static_cast<unsigned>(given) : std::random_device{}();
+    std::printf("[fa3 tests] random seed %u (FA3_TEST_SEED=%u with the same --gtest_filter draws the same inputs)\n",
+                seed, seed);
     return std::mt19937(seed);
   }();
   return gen;

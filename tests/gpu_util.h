@@ -50,7 +50,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-std::mt19937& rng();  // seeded once from std::random_device; the seed is printed at start
+std::mt19937& rng();  // seeded once from FA3_TEST_SEED or std::random_device; the seed is printed at start
 // n per-sequence lengths in [lo, hi] drawn from g (default rng(): the printed seed reproduces them).
 std::vector<int> random_lengths(int n, int lo, int hi, std::mt19937& g = rng());
 

@@ -111,9 +111,9 @@ struct Epilogue {
     if constexpr (kDirectStore) {
       hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
       store_direct<Staging>(w, seq, staging);
-      // Every thread's reads of the staging area are done before it is written again or (kOInKV)
-      // its K/V stage goes back to the producer (MainloopMma::release_kept, by thread 0).
-      if constexpr (Cfg::kOInKV) hopper::named_barrier_sync(bar, hopper::kWarpgroupSize);
+      // (kOInKV: each thread's own arrival gives the K/V stage back after its reads here,
+      // MainloopMma::release_kept, StageReleasers; an own staging tile's next writes wait at the
+      // barrier above.)
       return;
     }
     hopper::fence_view_async_shared();  // stmatrix writes -> visible to the TMA store

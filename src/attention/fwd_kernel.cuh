@@ -26,13 +26,13 @@ __global__ void __launch_bounds__(FwdLaunchShape<Cfg>::kThreads, 1) fwd_kernel(c
     bars.q.init(Shape::kConsumers * hopper::kWarpgroupSize);  // every consumer thread releases Q (consumer.cuh)
     // A gathered stage is complete when each lane of its gather warp has arrived (kv_gather.cuh).
     const uint32_t fillers = p.page_gather ? hopper::kWarpSize : 1;
-    bars.k.init(Shape::kConsumers * FwdSmem<Cfg>::kKReleasers, fillers);
+    bars.k.init(Shape::kConsumers * StageReleasers<Cfg, Feat>::kK, fillers);
     if constexpr (Shape::kTransposeV) {
       const uint32_t transposers = VTranspose<Cfg>::threads(p.page_gather);
       bars.v.init(transposers, fillers);  // V's readers are the transposer's threads,
-      bars.vt.init(Shape::kConsumers, transposers);  // V^T's writers too
+      bars.vt.init(Shape::kConsumers * StageReleasers<Cfg, Feat>::kPv, transposers);  // V^T's writers too
     } else {
-      bars.v.init(Shape::kConsumers, fillers);
+      bars.v.init(Shape::kConsumers * StageReleasers<Cfg, Feat>::kPv, fillers);
     }
     for (int s = 0; s < Cfg::kStages; ++s) {
       hopper::mbarrier_init(&bars.posted.k[s], 1);

@@ -41,6 +41,25 @@ struct GatherPosts {
   uint64_t k[kStages], v[kStages];
 };
 
+// Arrivals per consumer warpgroup that release a K stage (kK), or a stage of the ring the PV reads
+// (kPv: V; e4m3: V^T): thread 0's, or every thread's where the threads read the stage by
+// themselves, since an mbarrier arrival orders only the arriving thread's own reads (a lane per warp
+// after __syncwarp, or thread 0 after a named barrier, left the other threads' reads unordered for
+// compute-sanitizer's racecheck: perf-log step 102 and 2026-12-05). They do with block descales (each
+// thread reads its K stage's factor slot) and where O is staged in the last key block's stages
+// (kOInKV) and stored by the threads (the varlen tiles' direct store: MainloopMma::release_kept; the
+// TMA store's reads are thread 0's bulk group). A ring's release is one piece of code for every
+// block, so those rings take 128 arrivals at every block (1% slower at d256 in a quick A/B, not
+// separable from the noise; thread 0 releasing with a count of 128 needs a register at the K
+// release, the point of most register pressure, where ptxas then serialised one more wgmma of the
+// e4m3 d256 loop). Fixed-length tiles keep thread 0's releases.
+template <class Cfg, class Feat>
+struct StageReleasers {
+  static constexpr bool kThreadsReadKept = Cfg::kOInKV && Feat::kVarlen;
+  static constexpr uint32_t kK = (Cfg::kBlockDescales || kThreadsReadKept) ? 128 : 1;
+  static constexpr uint32_t kPv = kThreadsReadKept ? 128 : 1;
+};
+
 template <class Cfg>
 struct FwdSmem {
   // Q and K have head_dim_qk columns, V and O head_dim_v (TileConfig::kHeadDimV). O is staged for
@@ -100,11 +119,6 @@ struct FwdSmem {
     int m_block, head, batch, n_min, n_max;
     int seqlen_q, seqlen_k, q_row0, k_row0;
   };
-  // Arrivals per consumer warpgroup that release a K stage: thread 0's, or with block descales
-  // every thread's, since each reads the stage's factor slot and an mbarrier arrival orders only
-  // the arriving thread's own reads (a lane per warp after __syncwarp left the other lanes' reads
-  // unordered for compute-sanitizer's racecheck; perf-log step 102).
-  static constexpr uint32_t kKReleasers = Cfg::kBlockDescales ? hopper::kWarpgroupSize : 1;
   struct Barriers : VtBarriers<Cfg::kStages, kTransposeV>, KeyBlockFactorSlots<Cfg::kStages, Cfg::kBlockDescales> {
     hopper::PipelineBarriers<kQStages> q;
     hopper::PipelineBarriers<Cfg::kStages> k, v;

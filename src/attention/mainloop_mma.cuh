@@ -39,6 +39,7 @@ struct MainloopMma {
   static constexpr int kSched = Cfg::kSchedule;
   static constexpr bool kMasked = Feat::kMasked;
   using Smem = FwdSmem<Cfg>;
+  using Releasers = StageReleasers<Cfg, Feat>;
   using Mma = typename hopper::OperandTraits<Elem>::Mma;
   static constexpr bool kTransposeV = Smem::kTransposeV;
   static_assert(hopper::OperandTraits<Elem>::kBytes == Cfg::kOperandBytes, "the tile's operand size is Elem's");
@@ -199,24 +200,23 @@ struct MainloopMma {
     else return smem.v(stage);
   }
 
-  // A stage goes back: its ring's empty barrier counts `releasers` arrivals per warpgroup
-  // (FwdSmem::kKReleasers): thread 0's, or every thread's where each read the stage by itself.
+  // A stage goes back: its ring's empty barrier counts `arrivals` per warpgroup (StageReleasers):
+  // thread 0's, or every thread's.
   __device__ __forceinline__ void release(hopper::PipelineBarriers<Cfg::kStages>& ring,
-                                          hopper::PipelineState<Cfg::kStages>& st, uint32_t releasers = 1) {
-    if (releasers > 1 || thread == 0) ring.consumer_release(st);
+                                          hopper::PipelineState<Cfg::kStages>& st, uint32_t arrivals) {
+    if (arrivals > 1 || thread == 0) ring.consumer_release(st);
     st.advance();
   }
 
   // Releases the stage, or (keep) holds it back in `held` for O's staging (kOInKV).
   __device__ __forceinline__ void release_or_keep(hopper::PipelineBarriers<Cfg::kStages>& ring,
                                                   hopper::PipelineState<Cfg::kStages>& st, bool keep,
-                                                  hopper::PipelineState<Cfg::kStages>& held,
-                                                  uint32_t releasers = 1) {
+                                                  hopper::PipelineState<Cfg::kStages>& held, uint32_t arrivals) {
     if (keep) {
       held = st;
       st.advance();
     } else {
-      release(ring, st, releasers);
+      release(ring, st, arrivals);
     }
   }
   // kOInKV, after the tile: where this warpgroup stages its 64 rows of O (consumer 1 the held V
@@ -226,11 +226,17 @@ struct MainloopMma {
     if (consumer == 1) return pv_stage(v_last.index);
     return kKeepK ? smem.k(k_last.index) : smem.o();
   }
+  // Where the threads read the staged O themselves (StageReleasers::kThreadsReadKept) each arrives
+  // for its own reads; else thread 0, after the TMA store's reads (its bulk group), for all (the
+  // warpgroup met after staging).
   __device__ __forceinline__ void release_kept() {
-    if (thread == 0) {
-      hopper::tma_store_wait_read();
-      if (kKeepK) smem.bars().k.consumer_release(k_last, Smem::kKReleasers);  // for every thread: they met since
+    if constexpr (Releasers::kThreadsReadKept) {
+      if (kKeepK) smem.bars().k.consumer_release(k_last);
       pv_ring().consumer_release(v_last);
+    } else if (thread == 0) {
+      hopper::tma_store_wait_read();
+      if (kKeepK) smem.bars().k.consumer_release(k_last, Releasers::kK);
+      pv_ring().consumer_release(v_last, Releasers::kPv);
     }
     kept = false;
   }
@@ -330,14 +336,14 @@ struct MainloopMma {
     hopper::fence_operand(s);
     if constexpr (Cfg::kBlockDescales)
       softmax.begin_block(hopper::ld_shared_f32x4(hopper::smem_u32(&smem.bars().k_factors[k_st.index])));
-    release_or_keep(smem.bars().k, k_st, keep_k, k_last, Smem::kKReleasers);
+    release_or_keep(smem.bars().k, k_st, keep_k, k_last, Releasers::kK);
   }
   // The PV issued kPending groups ago has finished reading P and its V stage.
   template <int kPending>
   __device__ __forceinline__ void pv_done(OFrag& o, bool keep_v = false) {
     hopper::wgmma_wait<kPending>();
     hopper::fence_operand(o);
-    release_or_keep(pv_ring(), v_st, keep_v, v_last);
+    release_or_keep(pv_ring(), v_st, keep_v, v_last, Releasers::kPv);
   }
 
   // The tile's first block (n_max-1, the one that may hold the diagonal / the key tail) on its
@@ -444,11 +450,11 @@ struct MainloopMma {
     turn_wait();
     turn_pass();
     warpgroup_sync();  // no wgmma ties the warps here: each has waited before thread 0 releases
-    if (thread == 0) bars.k.consumer_release(k_st, Smem::kKReleasers);  // for the warpgroup
+    if (thread == 0) bars.k.consumer_release(k_st, Releasers::kK);  // for the warpgroup
     k_st.advance();
     pv_ring().consumer_wait(v_st);
     warpgroup_sync();
-    release(pv_ring(), v_st);
+    release(pv_ring(), v_st, Releasers::kPv);
   }
 
   // One whole tile without cross-tile overlap: the unnormalised O of this warpgroup's rows and the
