@@ -12,6 +12,8 @@
 #include "src/attention/block_info.cuh"
 #include "src/attention/bwd_prepost.cuh"
 #include "src/attention/fwd_config.h"
+#include "src/attention/fwd_features.h"
+#include "src/attention/fwd_smem.cuh"
 #include "src/attention/kv_gather.cuh"
 #include "src/hopper/wgmma.cuh"
 #include "src/attention/split_plan.h"
@@ -454,6 +456,36 @@ void check_v_transpose() {
         }
     }
   for (int x : written) ASSERT_EQ(x, 1);
+}
+
+// Which rings' stages every consumer thread gives back (StageReleasers, fwd_smem.cuh): where the
+// threads read a stage themselves — the K stages' factor slots with block descales, the kept K and
+// V stages of the varlen tiles that stage O there (kOInKV) — and nowhere else (thread 0's release
+// costs one arrival, the fixed-length tiles' code stays as measured).
+TEST(FwdSmem, StageReleasersWhereThreadsReadStages) {
+  using Fixed = FwdFeatures<false, false, false, false>;
+  using Varlen = FwdFeatures<false, false, true, false>;
+  using Decode = FwdFeatures<true, false, true, true>;
+  auto k = [](auto cfg, auto feat) { return StageReleasers<decltype(cfg), decltype(feat)>::kK; };
+  auto pv = [](auto cfg, auto feat) { return StageReleasers<decltype(cfg), decltype(feat)>::kPv; };
+  // O in a tile of its own: thread 0 for both rings.
+  EXPECT_EQ(k(FwdConfig<128, false>{}, Varlen{}), 1u);
+  EXPECT_EQ(pv(FwdConfig<128, false>{}, Varlen{}), 1u);
+  EXPECT_EQ(k(FwdSplitConfig<256>{}, Decode{}), 1u);
+  // O in the kept K/V stages (d192, d256, e4m3 d256's 128-key tile): every thread with varlen only.
+  static_assert(FwdConfig<256, false>::kOInKV && FwdConfig<192, false>::kOInKV && FwdFp8Config<256, false>::kOInKV);
+  EXPECT_EQ(k(FwdConfig<256, false>{}, Fixed{}), 1u);
+  EXPECT_EQ(pv(FwdConfig<256, false>{}, Fixed{}), 1u);
+  EXPECT_EQ(k(FwdConfig<256, false>{}, Varlen{}), 128u);
+  EXPECT_EQ(pv(FwdConfig<256, false>{}, Varlen{}), 128u);
+  EXPECT_EQ(pv(FwdConfig<192, false>{}, Varlen{}), 128u);
+  EXPECT_EQ(pv(FwdFp8Config<256, false>{}, Varlen{}), 128u);
+  // Block descales: every thread releases K (its factor slot), V as the tile's O staging says.
+  EXPECT_EQ(k(WithBlockDescales<FwdFp8Config<128, false>>{}, Fixed{}), 128u);
+  EXPECT_EQ(pv(WithBlockDescales<FwdFp8Config<128, false>>{}, Varlen{}), 1u);
+  EXPECT_EQ(k(WithBlockDescales<FwdFp8Config<256, false>>{}, Fixed{}), 128u);
+  EXPECT_EQ(pv(WithBlockDescales<FwdFp8Config<256, false>>{}, Fixed{}), 1u);
+  EXPECT_EQ(pv(WithBlockDescales<FwdFp8Config<256, false>>{}, Varlen{}), 128u);
 }
 
 TEST(VTranspose, LaneMapCoversTheTileWithoutBankConflicts) {
