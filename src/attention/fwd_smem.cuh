@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "src/hopper/arch.cuh"
 #include "src/hopper/mbarrier.cuh"
 #include "src/hopper/smem_tile.cuh"
 
@@ -42,22 +43,19 @@ struct GatherPosts {
 };
 
 // Arrivals per consumer warpgroup that release a K stage (kK), or a stage of the ring the PV reads
-// (kPv: V; e4m3: V^T): thread 0's, or every thread's where the threads read the stage by
-// themselves, since an mbarrier arrival orders only the arriving thread's own reads (a lane per warp
-// after __syncwarp, or thread 0 after a named barrier, left the other threads' reads unordered for
-// compute-sanitizer's racecheck: perf-log step 102 and 2026-12-05). They do with block descales (each
-// thread reads its K stage's factor slot) and where O is staged in the last key block's stages
-// (kOInKV) and stored by the threads (the varlen tiles' direct store: MainloopMma::release_kept; the
-// TMA store's reads are thread 0's bulk group). A ring's release is one piece of code for every
-// block, so those rings take 128 arrivals at every block (1% slower at d256 in a quick A/B, not
-// separable from the noise; thread 0 releasing with a count of 128 needs a register at the K
-// release, the point of most register pressure, where ptxas then serialised one more wgmma of the
-// e4m3 d256 loop). Fixed-length tiles keep thread 0's releases.
+// (kPv: V; e4m3: V^T): thread 0's with the whole count, or every thread's where the threads read
+// the stage by themselves, since an mbarrier arrival orders only the arriving thread's own reads
+// for compute-sanitizer's racecheck (a named barrier before thread 0's arrival does not carry it:
+// perf-log steps 102, 110). The threads read a stage with block descales (each its K stage's factor
+// slot) and, in the varlen tiles that stage O in the last key block's stages (kOInKV), the kept K
+// and V stages (their direct store: MainloopMma::release_kept); the fixed-length tiles' TMA store is
+// waited for by thread 0. A ring's release is the same code at every block, so such a ring takes
+// an arrival from every thread at every block.
 template <class Cfg, class Feat>
 struct StageReleasers {
   static constexpr bool kThreadsReadKept = Cfg::kOInKV && Feat::kVarlen;
-  static constexpr uint32_t kK = (Cfg::kBlockDescales || kThreadsReadKept) ? 128 : 1;
-  static constexpr uint32_t kPv = kThreadsReadKept ? 128 : 1;
+  static constexpr uint32_t kK = (Cfg::kBlockDescales || kThreadsReadKept) ? hopper::kWarpgroupSize : 1;
+  static constexpr uint32_t kPv = kThreadsReadKept ? hopper::kWarpgroupSize : 1;
 };
 
 template <class Cfg>
