@@ -471,6 +471,42 @@ TEST(HopperPrims, AccumulatorStoredTransposed) {
   EXPECT_EQ(bad, 0);
 }
 
+// ldmatrix.x4.trans (the FP8 V transposer's load): four 8x8 matrices of 16-bit elements, element
+// (row, col) of matrix m holding m << 8 | row << 4 | col; rows addressed by the lanes in a shuffled
+// order (row r of matrix m at slot 13 (8m + r) mod 32 of 16 bytes), so the lane-to-row map is checked.
+__global__ void ldmatrix_trans(uint32_t* out) {
+  __shared__ alignas(128) uint16_t slots[32][8];
+  for (int i = threadIdx.x; i < 32 * 8; i += 32) {
+    const int slot = i / 8, col = i % 8;
+    for (int m = 0; m < 4; ++m)
+      for (int r = 0; r < 8; ++r)
+        if ((8 * m + r) * 13 % 32 == slot) slots[slot][col] = uint16_t(m << 8 | r << 4 | col);
+  }
+  __syncwarp();
+  const int lane = threadIdx.x, m = lane / 8, r = lane % 8;
+  uint32_t v[4];
+  ldmatrix_x4_trans(smem_u32(slots[(8 * m + r) * 13 % 32]), v);
+  for (int j = 0; j < 4; ++j) out[4 * lane + j] = v[j];
+}
+
+TEST(HopperPrims, LdmatrixTransHandsOutColumns) {
+  FA3_REQUIRE_GPU();
+  DeviceBuffer dout(32 * 4 * 4);
+  dout.fill_bytes(0xFF);
+  ldmatrix_trans<<<1, 32>>>(static_cast<uint32_t*>(dout.get()));
+  FA3_CUDA_CHECK(cudaGetLastError());
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint32_t> out(32 * 4);
+  dout.download(out.data(), out.size() * 4);
+  for (int i = 0; i < 32; ++i)
+    for (int m = 0; m < 4; ++m) {
+      // Thread i, register m: matrix m's rows 2(i%4) (low half) and 2(i%4)+1, column i/4.
+      const uint32_t lo = uint32_t(m << 8 | (2 * (i % 4)) << 4 | (i / 4));
+      const uint32_t hi = uint32_t(m << 8 | (2 * (i % 4) + 1) << 4 | (i / 4));
+      EXPECT_EQ(out[4 * i + m], lo | hi << 16) << "thread " << i << " matrix " << m;
+    }
+}
+
 // ---- 3. a 2-stage TMA ring, one producer warp and one consumer warpgroup, wrapping 32 times ----
 constexpr int kStages = 2, kBlocks = 64, kBlockRows = 64, kBlockBytes = kBlockRows * 128;
 

@@ -409,52 +409,87 @@ TEST(BwdLayout, DqAccumTransposedMatchesTheAddsAndThePostprocess) {
   }
 }
 
-// The FP8 kernel's V transposer on the CPU: every (d row, key position) of the V^T stage is
-// written exactly once, from the key the P fragments hold there (MmaE4m3::key_of_position); the
-// transposer's address parts add up to the tiles' swizzled offsets; each quarter warp's 16-byte
-// loads touch 8 distinct bank groups, and each store's 32 lanes 32 distinct banks (two lanes per
-// bank with 64-key blocks).
+// The FP8 kernel's V transposer on the CPU: its ldmatrix.trans / byte permute / stmatrix moves
+// replayed on labelled bytes (key, d) for every work item of every warp. Every (d row, key
+// position) of the V^T stage is written exactly once, from the key the P fragments hold there
+// (MmaE4m3::key_of_position) and its own d; the addresses equal the tiles' swizzled offsets; each
+// matrix's 8 rows (one wavefront) touch 8 distinct 16-byte bank groups, loads and stores.
 template <class Cfg>
 void check_v_transpose() {
   using T = VTranspose<Cfg>;
   const int rows = Cfg::kHeadDimV, keys = Cfg::kBlockN;
+  struct Byte {
+    int key, d;
+  };
   std::vector<int> written(rows * keys, 0);
-  for (int warp = 0; warp < 3; ++warp)
-    for (int s = warp; s < T::kSteps; s += 3) {
-      for (int q = 0; q < 4; ++q) {  // one 16-byte load instruction of the warp
-        for (int quarter = 0; quarter < 4; ++quarter) {
-          std::vector<int> groups;
-          for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
-            const auto m = T::lane_map(s, lane);
-            const uint32_t at = T::load_offset(m, q);
-            ASSERT_EQ(at, hopper::swizzled_offset<1>(T::source_key(m, q), 16 * m.c, keys)) << "s " << s << " lane " << lane;
-            groups.push_back(int(at / 16 % 8));
-          }
-          std::sort(groups.begin(), groups.end());
-          EXPECT_EQ(std::unique(groups.begin(), groups.end()) - groups.begin(), 8) << "load bank conflict, s " << s;
+  auto phases_distinct = [](const uint32_t (&at)[8]) {
+    std::vector<int> g;
+    for (uint32_t a : at) g.push_back(int(a / 16 % 8));
+    std::sort(g.begin(), g.end());
+    return std::unique(g.begin(), g.end()) - g.begin() == 8;
+  };
+  for (int s = 0; s < T::kItems; ++s) {
+    const int g = s / T::kItemsPerGroup, u0 = (s % T::kItemsPerGroup) * T::kItemUnits;
+    for (int u = u0; u < u0 + T::kItemUnits; ++u) {
+      // ldmatrix.x4.trans: matrix m's row x is the 16 bytes lane 8m + x addresses.
+      int row_key[4][8], row_col[4][8];
+      for (int m = 0; m < 4; ++m) {
+        uint32_t at[8];
+        for (int x = 0; x < 8; ++x) {
+          const int lane = 8 * m + x;
+          row_key[m][x] = 16 * g + T::load_key(lane);
+          row_col[m][x] = 32 * u + 16 * (m >> 1);
+          at[x] = T::load_offset(lane, g, u);
+          ASSERT_EQ(at[x], hopper::swizzled_offset<1>(row_key[m][x], row_col[m][x], keys)) << "g " << g << " u " << u;
         }
+        EXPECT_TRUE(phases_distinct(at)) << "load bank conflict, g " << g << " u " << u << " m " << m;
       }
-      for (int w = 0; w < 4; ++w)
-        for (int j = 0; j < 4; ++j) {  // one store instruction
-          std::vector<int> per_bank(32, 0);
-          for (int lane = 0; lane < 32; ++lane) {
-            const auto m = T::lane_map(s, lane);
-            const int row = 16 * m.c + 4 * w + j, pos = T::target_position(m);
-            const uint32_t at = T::store_offset(m, w, j);
-            ASSERT_EQ(at, hopper::swizzled_offset<1>(row, pos, rows)) << "s " << s << " lane " << lane;
-            ++per_bank[at / 4 % 32];
-            for (int q = 0; q < 4; ++q) {
-              ASSERT_LT(row, rows);
-              ASSERT_LT(pos + q, keys);
-              ++written[row * keys + pos + q];
-              // byte q of the stored word: the source key of load q
-              EXPECT_EQ(T::source_key(m, q), (pos + q) / 32 * 32 + hopper::MmaE4m3::key_of_position((pos + q) % 32));
-            }
+      // Thread i = 4c + t receives of matrix m: rows 2t, 2t + 1 at 16-bit column c (bytes 2c, 2c + 1).
+      Byte out[32][4][4];
+      for (int i = 0; i < 32; ++i) {
+        const int c = i / 4, t = i % 4;
+        Byte r[4][4];
+        for (int m = 0; m < 4; ++m)
+          for (int b = 0; b < 4; ++b) {
+            const int x = 2 * t + b / 2;
+            r[m][b] = {row_key[m][x], row_col[m][x] + 2 * c + b % 2};
           }
-          EXPECT_LE(*std::max_element(per_bank.begin(), per_bank.end()), T::lane_map(s, 0).h_lanes)
-              << "store bank conflict, s " << s;
+        // __byte_perm(lo, hi, sel): result byte k = byte (sel >> 4k) & 7 of {hi, lo}.
+        auto perm = [](const Byte (&lo)[4], const Byte (&hi)[4], uint32_t sel, Byte (&o)[4]) {
+          for (int k = 0; k < 4; ++k) {
+            const int b = (sel >> (4 * k)) & 7;
+            o[k] = b < 4 ? lo[b] : hi[b - 4];
+          }
+        };
+        const uint32_t sel_a = T::even_selector(i), sel_b = sel_a ^ 0x1111u;
+        perm(r[0], r[1], sel_a, out[i][0]);
+        perm(r[0], r[1], sel_b, out[i][1]);
+        perm(r[2], r[3], sel_a, out[i][2]);
+        perm(r[2], r[3], sel_b, out[i][3]);
+      }
+      // stmatrix.x4: matrix m's row x (addressed by lane 8m + x) takes thread 4x + t's word at bytes 4t.
+      for (int m = 0; m < 4; ++m) {
+        uint32_t at[8];
+        for (int x = 0; x < 8; ++x) {
+          const int lane = 8 * m + x, d = 32 * u + T::store_d(lane);
+          at[x] = T::store_offset(lane, g, u);
+          ASSERT_LT(d, rows);
+          ASSERT_EQ(at[x], hopper::swizzled_offset<1>(d, 16 * g, rows)) << "g " << g << " u " << u;
+          for (int t = 0; t < 4; ++t)
+            for (int q = 0; q < 4; ++q) {
+              const int pos = 16 * g + 4 * t + q;
+              const Byte b = out[4 * x + t][m][q];
+              ASSERT_LT(pos, keys);
+              ++written[d * keys + pos];
+              EXPECT_EQ(b.d, d) << "g " << g << " u " << u << " m " << m << " row " << x;
+              EXPECT_EQ(b.key, pos / 32 * 32 + hopper::MmaE4m3::key_of_position(pos % 32))
+                  << "g " << g << " u " << u << " m " << m << " row " << x;
+            }
         }
+        EXPECT_TRUE(phases_distinct(at)) << "store bank conflict, g " << g << " u " << u << " m " << m;
+      }
     }
+  }
   for (int x : written) ASSERT_EQ(x, 1);
 }
 

@@ -17,17 +17,18 @@ struct FwdLaunchShape {
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   // One consumer (the decode tile): 256 threads get every register at launch, no moving them.
   static constexpr bool kMoveRegs = kConsumers > 1;
-  // The V transposer's warps (e4m3) need more than 24 or 32. With 2 consumers: 56 / 224 where the
-  // consumers' S, P and O take at most 192 registers; the d256 128-key tile's take 208 (S 64 + P 16 +
-  // O 128) and get 232, the transposer then 40 (ptxas keeps it spill-free; the load warp spills a
-  // stage index, 5 local loads/stores per key block). 48 / 152 with 3 consumers.
+  // The V transposer's warps (e4m3) and the gather warps: 56 / 224 with 2 consumers, 48 / 152 with
+  // 3. The d256 128-key tile's consumers hold S 64 + P 16 + O 128 = 208 registers: at 232 ptxas
+  // serialises every wgmma (C7512) and spills P, so they take FlashAttention-3's 240 and the
+  // producer 24, where the ldmatrix transposer (v_transpose.cuh) fits with its ring states in
+  // local memory (a few words per block; +11-16% at d256, perf-log step 112).
   static constexpr bool kTransposeV = FwdSmem<Cfg>::kTransposeV;
   static constexpr int kFragRegs = Cfg::kBlockN / 2 + Cfg::kBlockN * Cfg::kOperandBytes / 8 + Cfg::kHeadDimV / 2;
   static constexpr bool kWideFp8 = kTransposeV && kConsumers == 2 && kFragRegs > 192;
   static constexpr int kProducerRegs =
-      kTransposeV ? (kConsumers == 2 ? (kWideFp8 ? 40 : 56) : 48) : kConsumers == 2 ? 24 : 32;
+      kTransposeV ? (kConsumers == 2 ? (kWideFp8 ? 24 : 56) : 48) : kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs =
-      kTransposeV ? (kConsumers == 2 ? (kWideFp8 ? 232 : 224) : 152) : kConsumers == 2 ? 240 : 160;
+      kTransposeV ? (kConsumers == 2 ? (kWideFp8 ? 240 : 224) : 152) : kConsumers == 2 ? 240 : 160;
   static_assert(!kMoveRegs || kLaunchRegs - kProducerRegs >= (kConsumerRegs - kLaunchRegs) * kConsumers,
                 "setmaxnreg.inc would wait forever for registers");
 };
