@@ -136,7 +136,7 @@ template <>
 struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> {};
 // The FP8 (e4m3) tiles: Q/K/V of one byte, O in bf16. wgmma takes e4m3 operands K-major only, so
 // the PV's B is V^T, which warps 1-3 of the producer warpgroup write from the loaded V block into
-// stages of their own (v_transpose.cuh; key blocks in parts of 128 and 64 keys). The GEMMs take
+// stages of their own (v_transpose.cuh: 16 keys x 32 columns per ldmatrix / stmatrix). The GEMMs take
 // half the 16-bit time, so a block is mostly the softmax's (fa3-bench --tune, perf-log steps 65
 // and 72): d64 and d128 on two consumers with 128 keys and the stream schedule, masked or not
 // (unmasked: +7-19% at d128 1k-16k, +0-9% at d64 over the schedule without pingpong; perf-log step
@@ -164,7 +164,7 @@ template <class Cfg>
 struct Fp8Tile : Cfg {
   static constexpr int kOperandBytes = 1;
   static_assert(Cfg::kBlockN % 64 == 0 && (Cfg::kBlockM == 64 || Cfg::kBlockM == 128 || Cfg::kBlockM == 192),
-                "the V transpose's lane map: parts of 128 and 64 keys; 1 (the decode tiles), 2 or 3 consumers");
+                "e4m3 tiles as built and tested: key blocks of whole 64-key halves, 1 (the decode tiles), 2 or 3 consumers");
 };
 template <bool kMasked>
 struct FwdFp8Config<64, kMasked> : Fp8Tile<TileConfig<64, 128, 128, 2, false, kStreamSchedule>> {};

@@ -13,7 +13,7 @@
 // the stream.
 //
 // The unit of work: one 16-key group G and 32 d columns (u: columns 32u .. 32u + 31), 512 bytes,
-// moved by one warp with three instructions' worth of data movement:
+// moved by one warp in three steps:
 //   ldmatrix.x4.trans of the four 8x8 16-bit matrices (keys 16G + {0-7, 8-15}) x (d 32u + {0-15,
 //   16-31}), byte pairs as 16-bit elements: thread (c = lane / 4, t = lane % 4) receives, per
 //   matrix, keys 2t and 2t + 1 (of its 8) at d pair c — 4 bytes (key 2t: d 2c, 2c + 1; key 2t + 1:
@@ -26,8 +26,9 @@
 // d + 8 (the same phase) in one wavefront, so the lanes of c >= 4 (lanes 16-31) swap their even
 // and odd words (the permute's selector is per lane): a stored matrix holds rows 0, 2, 4, 6, 9, 11,
 // 13, 15 (or 1, 3, 5, 7, 8, 10, 12, 14) of its 16, eight distinct phases.
-// Per 512 bytes: ldmatrix, four PRMT, stmatrix and two address operations (the earlier map moved 4
-// bytes per store: ~19 instructions per 512 bytes, a register per loaded word; perf-log step 112).
+// Per 512 bytes: ldmatrix, four PRMT, stmatrix and about three address operations, and 8 words of
+// data in flight, so the transposer's warps leave the SMSPs' issue slots to the consumers and fit
+// 24 registers (what d256's 240-register consumers need: fwd_launch_shape.cuh).
 // A work item is one group's run of up to 4 units (all of d_v's up to d128, half of d256's); the
 // warps take a block's items in turn: three warps, or one where warps 1 and 2 gather a paged
 // cache's rows (kv_gather.cuh; the V ring's readers and the V^T ring's writers are then 32
