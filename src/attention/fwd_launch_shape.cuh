@@ -21,7 +21,7 @@ struct FwdLaunchShape {
   // 3. The d256 128-key tile's consumers hold S 64 + P 16 + O 128 = 208 registers: at 232 ptxas
   // serialises every wgmma (C7512) and spills P, so they take FlashAttention-3's 240 and the
   // producer 24, where the ldmatrix transposer (v_transpose.cuh) fits with its ring states in
-  // local memory (a few words per block; +11-16% at d256, perf-log step 112).
+  // local memory (a few words per block; +12-16% at d256 on an H100, perf-log step 112).
   static constexpr bool kTransposeV = FwdSmem<Cfg>::kTransposeV;
   static constexpr int kFragRegs = Cfg::kBlockN / 2 + Cfg::kBlockN * Cfg::kOperandBytes / 8 + Cfg::kHeadDimV / 2;
   static constexpr bool kWideFp8 = kTransposeV && kConsumers == 2 && kFragRegs > 192;

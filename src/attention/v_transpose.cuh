@@ -74,15 +74,21 @@ struct VTranspose {
     const int m = lane / 8, r = lane % 8;
     return 16 * (m >> 1) + 2 * r + ((m & 1) ^ (r >= 4 ? 1 : 0));
   }
-  // The addresses of unit (G, u), relative to the V and V^T stages.
-  __host__ __device__ static constexpr uint32_t load_offset(int lane, int g, int u) {
-    return uint32_t(g * 16 * kRow + (u / 4) * Raw::kPanelBytes) + (load_lane(lane) ^ uint32_t((u % 4) << 5));
+  // The addresses of unit (G, u), relative to the V and V^T stages: a work item's part (its first
+  // unit u0, a multiple of 4, so that its units share a V panel) plus the lane's. The stage bases
+  // are 1024-aligned and the item's load part a multiple of 128, so the swizzle's XOR of unit u0 + i
+  // acts on the lane's chunk bits alone; its store is i rows of 32 d further.
+  __host__ __device__ static constexpr uint32_t load_item(uint32_t g, uint32_t u0) {
+    return g * (16 * kRow) + u0 / 4 * uint32_t(Raw::kPanelBytes);
   }
-  __host__ __device__ static constexpr uint32_t store_group(int lane, int g) {
-    return uint32_t(Vt::panel_offset(g / 8) + store_d(lane) * kRow + (((g % 8) ^ (store_d(lane) % 8)) << 4));
+  __host__ __device__ static constexpr uint32_t store_item(uint32_t g, uint32_t u0, uint32_t phase) {
+    return g / 8 * uint32_t(Vt::kPanelBytes) + ((g % 8 ^ phase) << 4) + u0 * (32 * kRow);
+  }
+  __host__ __device__ static constexpr uint32_t load_offset(int lane, int g, int u) {
+    return (load_item(g, u - u % 4) + load_lane(lane)) ^ uint32_t((u % 4) << 5);
   }
   __host__ __device__ static constexpr uint32_t store_offset(int lane, int g, int u) {
-    return store_group(lane, g) + uint32_t(u * 32 * kRow);
+    return store_d(lane) * kRow + store_item(g, u, store_d(lane) % 8);
   }
   // The byte permutes: lanes 0-15 keep (even, odd) rows in (matrix 2i, 2i + 1), lanes 16-31 swap.
   __host__ __device__ static constexpr uint32_t even_selector(int lane) { return lane < 16 ? 0x6420u : 0x7531u; }
@@ -90,10 +96,7 @@ struct VTranspose {
   Smem smem;
   int tid;  // 0 .. 95 (0 .. 31 with one warp)
 
-  // One work item: kItemUnits units of one group. ld / st: the lane's addresses of the item's first
-  // unit in the V and V^T stages (load_offset / store_offset); the item's units share their panel
-  // (its first unit is a multiple of 4), so unit i's load differs only in the chunk bits the
-  // swizzle XORs, and its store by i rows of 32 d.
+  // One work item: kItemUnits units of one group; ld / st: the lane's addresses of its first unit.
   __device__ __forceinline__ void item(uint32_t ld, uint32_t st, uint32_t sel_a, uint32_t sel_b) const {
 #pragma unroll
     for (int i = 0; i < kItemUnits; ++i) {
@@ -121,10 +124,7 @@ struct VTranspose {
 #pragma unroll 1
       for (uint32_t s = warp; s < uint32_t(kItems); s += warps) {
         const uint32_t g = s / kItemsPerGroup, u0 = s % kItemsPerGroup * kItemUnits;
-        // The stage bases are 1024-aligned and the group's and panel's offsets multiples of 128, so
-        // the swizzle's XORs act on bits 4-6 of the lane's own parts only.
-        const uint32_t ld = src + g * (16 * kRow) + u0 / 4 * uint32_t(Raw::kPanelBytes);
-        const uint32_t st = dst + g / 8 * uint32_t(Vt::kPanelBytes) + ((g % 8 ^ st_phase) << 4) + u0 * (32 * kRow);
+        const uint32_t ld = src + load_item(g, u0), st = dst + store_item(g, u0, st_phase);
         item(ld, st, sel_a, sel_b);
       }
       bars.v.consumer_release(raw);  // this thread's reads of the V stage are done

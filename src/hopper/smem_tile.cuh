@@ -73,15 +73,6 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uin
                : "memory");
 }
 
-// Four 8x8 16-bit matrices from shared memory, each loaded transposed (.trans); lane l gives the
-// row address of matrix l/8, row l%8 (16 bytes). Register j of thread i holds elements (rows 2(i%4)
-// and 2(i%4)+1, column i/4) of matrix j, the first in its low half.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t smem_addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr));
-}
-
 // The same, each matrix stored transposed (.trans): register j's two elements (fragment row r,
 // columns 2c, 2c+1) land in rows 2c, 2c+1, column r, of the matrix whose stored rows lanes 8j..8j+7
 // address. An accumulator's 8-column block thus becomes 8 stored rows of 8 consecutive fragment rows.
@@ -94,6 +85,15 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem_addr, uint32_t r
 __device__ __forceinline__ void stmatrix_x2_trans(uint32_t smem_addr, uint32_t r0, uint32_t r1) {
   asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(smem_addr), "r"(r0), "r"(r1)
                : "memory");
+}
+
+// Four 8x8 16-bit matrices from shared memory, each loaded transposed (.trans); lane l gives the
+// row address of matrix l/8, row l%8 (16 bytes). Register j of thread i holds elements (rows 2(i%4)
+// and 2(i%4)+1, column i/4) of matrix j, the first in its low half.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t smem_addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
 }
 
 // A warpgroup's m64 accumulator, as 16-bit pairs frag[j][h] (register pair of rows 8h + g, columns
