@@ -118,8 +118,8 @@ FwdCase case_for_instantiation(const std::string& name) {
     c.varlen_k = {517, 77, 129};
   } else if (c.dtype == FA3_DTYPE_E4M3) {
     if (alt && c.head_dim == 64) c.seqlen_q = 2100, c.seqlen_k = masked ? 2100 : 1100;  // use_fp8_alt_tile
-    // d256's 128-key tiles: unmasked (first tile) and masked per head (second tile) from 4k keys
-    if (c.head_dim == 256 && (masked ? alt : !alt)) c.seqlen_k = 4200;
+    // d256's 128-key tiles: unmasked (first tile) and masked (second tile) from 1k keys
+    if (c.head_dim == 256 && (masked ? alt : !alt)) c.seqlen_k = 1100;
     if (c.head_dim == 128 && alt) c.seqlen_k = 4200;  // d128's 192-key tile: from 4k keys
   } else if (c.head_dim == 64 && masked && !alt) {
     c.seqlen_q = c.seqlen_k = 2100;  // the 192-row tile: masked problems from 2k queries
@@ -1487,7 +1487,7 @@ std::vector<FwdCase> fp8_cases() {
   cases.push_back(c);
   // Pages that are not a multiple of 16 rows: gathered row by row (warps 1 and 2), V transposed by
   // warp 3 alone (more tiles, block descales and softcap: Fp8GatheredPages). Each head dim's first
-  // tile, the d256 128-key and d128 192-key tiles from 4k keys, varlen with a one-key sequence,
+  // tile, the d256 128-key (from 1k keys) and d128 192-key (from 4k) tiles, varlen with a one-key sequence,
   // GQA and MQA, masks.
   int n = 0;
   for (int page : {1, 24, 7})
@@ -1674,7 +1674,7 @@ TEST(FwdGpu, Fp8Softcap) {
 }
 
 // Gathered pages (not a multiple of 16 rows) on every FP8 tile the dispatch picks: the d256 64-key
-// tiles (masked, and unmasked fixed lengths under 4k keys), d256's masked 128-key tile from 4k keys,
+// tiles (fixed lengths under 1k keys), d256's masked 128-key tile from 1k keys,
 // the d64 192-row tiles (unmasked from 1k queries, masked from 2k), d128's 192-key tile masked; block
 // descales (the block-descale tiles, d64's 192-row one included) and softcap with per-head descales.
 TEST(FwdGpu, Fp8GatheredPages) {
@@ -1697,9 +1697,9 @@ TEST(FwdGpu, Fp8GatheredPages) {
     c.softcap = softcap;
     cases.push_back(c);
   };
-  add(256, 1, 150, 777, true);     // 128 x 64, masked
-  add(256, 8, 150, 1000, false);   // 128 x 64, unmasked under 4k keys
-  add(256, 24, 150, 4200, true);   // 128 x 128, masked from 4k keys
+  add(256, 1, 150, 777, true);     // 128 x 64, masked under 1k keys
+  add(256, 8, 150, 1000, false);   // 128 x 64, unmasked under 1k keys
+  add(256, 24, 150, 4200, true);   // 128 x 128, masked from 1k keys
   add(64, 1, 1100, 1300, false);   // 192 x 128, unmasked from 1k queries
   add(64, 7, 2100, 2100, true);    // 192 x 128, masked from 2k
   add(128, 1, 150, 4200, true);    // 128 x 192, masked
@@ -1749,7 +1749,7 @@ TEST(FwdGpu, Fp8SmallCases) {
     c.page_size = dim == 128 ? 1 : 24;
     run_fwd_case(c);
   }
-  // Fixed lengths from 4k keys: d256's 128-key tiles (unmasked; masked: shorter key sequences take
+  // Fixed lengths from 4k keys: d256's 128-key tiles (from 1k keys; shorter key sequences take
   // the 64-key tiles), and d128's 192-key tile with per-head descales (block descales stay on the
   // 128-key tile; 4200 = 21 x 192 + 168, a key tail).
   for (int dim : {128, 256}) {

@@ -141,13 +141,14 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // and 72): d64 and d128 on two consumers with 128 keys and the stream schedule, masked or not
 // (unmasked: +7-19% at d128 1k-16k, +0-9% at d64 over the schedule without pingpong; perf-log step
 // 98, which also found that earlier choices were measured on inputs whose scores spread 64x too
-// wide). d256 (O alone is 128 registers), unmasked: 128-key blocks with the consumers at 232
+// wide). d256 (O alone is 128 registers), unmasked: 128-key blocks with the consumers at 240
 // registers (S 64 + P 16 + O 128; fwd_launch_shape.cuh), smem Q 32 + 2 x (K 32 + V 32 + V^T 32) KB,
 // so O is staged in the last block's K/V stages; pingpong and the exponentials under the PV: +3-4%
 // over 64-key blocks at 4k and 16k keys (perf-log step 96). Masked: 64-key blocks without
-// pingpong, Q single-buffered: 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB; from 4k keys the
-// unmasked 128-key tile as the second tile (+3-5% at causal 4k-16k, block descales too since
-// their factors come with the K stages: perf-log steps 99, 102 and 103).
+// pingpong, Q single-buffered: 32 + 2 x (16 + 16 + 16) + an O tile of 64 KB; from 1k keys the
+// unmasked 128-key tile as the second tile (block descales too, since their factors come with the
+// K stages: perf-log steps 99, 102 and 103; the crossover moved from 4k to 1k keys with the
+// ldmatrix transposer: step 113).
 // kAlt, d64's second tile (use_fp8_alt_tile): three consumers, 192 query rows (the bf16 d64 tile's
 // shape and schedule): unmasked from 1k queries (+12% at 1k, +22-36% at 2k-4k, +32% at 8k-16k over
 // the first tile), masked from 2k queries and keys as the bf16 d64 tiles (even there, 8% slower at
@@ -157,7 +158,9 @@ struct FwdSplitConfig<256> : TileConfig<256, 64, 64, 2, false, kDecodeSchedule> 
 // causal 1k (perf-log step 104). Per-head descales only: a 192-key block spans two blocks of
 // block-descale factors (128 keys).
 // kAlt, d256's second tiles: unmasked, 64-key blocks with pingpong for key sequences shorter than
-// 4k (less of the last block wasted: +5% at 1k, even at 2k); masked, the 128-key tile from 4k keys.
+// 1k (even with the 128-key tile at 512 keys, 4-10% behind it at 1k-2k since step 112's
+// transposer); masked, the 128-key tile from 1k keys (+3.5% at 1k and +9% at 2k over the 64-key
+// tile, 6% behind it at 512; perf-log step 113).
 template <int kHeadDim, bool kMasked, bool kAlt = false>
 struct FwdFp8Config;
 template <class Cfg>
@@ -184,7 +187,7 @@ struct FwdFp8Config<256, true> : Fp8Tile<TileConfig<256, 128, 64, 2, false, kFul
 template <>
 struct FwdFp8Config<256, true, true> : FwdFp8Config<256, false> {};
 inline bool use_fp8_alt_tile(int head_dim, bool masked, int seqlen_q, int seqlen_k, bool block_descales) {
-  if (head_dim == 256) return masked ? seqlen_k >= 4096 : seqlen_k < 4096;
+  if (head_dim == 256) return masked ? seqlen_k >= 1024 : seqlen_k < 1024;
   if (head_dim == 128) return !block_descales && seqlen_k >= 4096;
   if (head_dim != 64) return false;
   return masked ? seqlen_q >= 2048 && seqlen_k >= 2048 : seqlen_q >= 1024;
