@@ -1749,9 +1749,9 @@ TEST(FwdGpu, Fp8SmallCases) {
     c.page_size = dim == 128 ? 1 : 24;
     run_fwd_case(c);
   }
-  // Fixed lengths from 4k keys: d256's 128-key tiles (from 1k keys; shorter key sequences take
-  // the 64-key tiles), and d128's 192-key tile with per-head descales (block descales stay on the
-  // 128-key tile; 4200 = 21 x 192 + 168, a key tail).
+  // Fixed lengths of 4200 keys: d256's 128-key tiles (from 1k keys; shorter key sequences take
+  // the 64-key tiles), and d128's 192-key tile (from 4k) with per-head descales (block descales
+  // stay on the 128-key tile; 4200 = 21 x 192 + 168, a key tail).
   for (int dim : {128, 256}) {
     for (bool causal : {false, true}) {
       FwdCase c;
