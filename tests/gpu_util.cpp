@@ -876,7 +876,15 @@ double fp8_tolerance(const FwdCase& c) {
   const long rows = !c.seqused_q.empty() ? total(c.seqused_q)
                     : !c.varlen_q.empty() ? total(c.varlen_q)
                                           : long(c.batch) * c.seqlen_q;
-  return rows * c.heads_q <= 16 ? 1.0 / 16 + 5e-3 : 3e-2;
+  if (rows * c.heads_q <= 16) return 1.0 / 16 + 5e-3;
+  // A saturating softcap (c <= 1: P nearly flat) with K/V block descales: each key block's P v(n)
+  // is rounded to e4m3 against the row's largest (descale.cuh), so every block carries a rounding
+  // bias of its own that a flat P does not average away; 3.6e-2 measured (H100, 2026-12-06, sq17
+  // sk300). The factors themselves are checked exactly elsewhere: the same kernel agrees with the
+  // per-head softcap kernel on inputs pre-scaled by power-of-two block factors (python/tests,
+  // test_fp8_softcap_block_descales_match_per_head).
+  if (c.softcap > 0.f && c.softcap <= 1.f && c.kv_block > 0) return 5e-2;
+  return 3e-2;
 }
 
 double fp8_lse_tolerance(const FwdCase& c) {

@@ -47,6 +47,7 @@ BwdData make_bwd_data(const FwdCase& c, int deterministic = 0, bool with_dlse = 
   BwdData d;
   FwdCase fc = c;
   fc.with_lse = true;
+  fc.workspace = fc.workspace || c.softmax_scale < 0.f;  // (the forward's -Q copy: append_kv.h)
   d.f = make_fwd_data(fc);
   const FwdPlan& P = d.f.plan;
   Status st = fa3::forward(d.f.args);
@@ -116,12 +117,15 @@ struct Grads {
   std::vector<float> dsinks;         // with sinks
 };
 
-Grads run_bwd(BwdData& d) {
+// reference = true: the reference kernels (src/oracle/oracle_bwd.cu) instead of fa3::backward; their
+// scratch fits the workspace the API asks for.
+Grads run_bwd(BwdData& d, bool reference = false) {
   // Fresh poison before every launch: a run that writes nothing must not pass on an earlier run's
   // gradients (the determinism tests compare runs with each other).
   for (DeviceBuffer* b : {&d.dq, &d.dk, &d.dv}) b->fill_bytes(0xFF);
   if (d.args.dsinks != nullptr) d.dsinks.fill_bytes(0xFF);
-  const Status st = fa3::backward(d.args);
+  const Status st = reference ? detail::oracle_bwd(d.args, detail::make_problem(d.args.fwd), nullptr)
+                              : fa3::backward(d.args);
   EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
   Grads g;
@@ -405,10 +409,11 @@ TEST(BwdGpu, VarlenManySequences) {
   }
 }
 
-// What the Hopper backward does not cover (a negative softmax scale) runs on the reference
-// kernels, same contract.
-TEST(BwdGpu, ReferenceKernelFeatures) {
-  FA3_REQUIRE_GPU();
+// A negative softmax scale: the Hopper backward on -Q's copy in the workspace with |scale|, dQ's
+// sign taken back in the postprocess (append_kv.h), on each tile (d64, d128, d256, the d192 / d128
+// pair), with softcap, windows, GQA and packed sequences, in both modes.
+// d_qk 192 / d_v 128 with softcap and a negative scale (once the reference backward's alone).
+FwdCase negative_scale_case() {
   FwdCase c;
   c.head_dim = 192;
   c.head_dim_v = 128;
@@ -416,17 +421,63 @@ TEST(BwdGpu, ReferenceKernelFeatures) {
   c.seqlen_k = 190;
   c.softcap = 3.f;
   c.softmax_scale = -0.05f;
-  check_bwd_case(c, "reference-gpu");
+  return c;
+}
+
+TEST(BwdGpu, NegativeScale) {
+  FA3_REQUIRE_GPU();
+  FwdCase c = negative_scale_case();
+  check_bwd_case(c, "hopper");
   c.window_left = 20;
   c.window_right = 0;
   c.head_dim = c.head_dim_v = 64;
-  check_bwd_case(c, "reference-gpu");
+  check_bwd_case(c, "hopper");
+  c = FwdCase();
+  c.seqlen_q = 1000;
+  c.seqlen_k = 517;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.causal = true;
+  c.softmax_scale = -0.2f;
+  for (int det : {0, 1}) check_bwd_case(c, "hopper", 1e-2, det);
+  c.head_dim = 256;
+  c.causal = false;
+  c.dtype = FA3_DTYPE_FP16;
+  check_bwd_case(c, "hopper");
+  c = packed_head_dim_case(128, 128, Layout::kBSHD);
+  c.causal = true;
+  c.softmax_scale = -0.1f;
+  check_bwd_case(c, "hopper");
+}
+
+// The reference backward, which no API call reaches now but the long-sequence tests below use as
+// their oracle, against the CPU: the d192 / d128 pair with softcap, a window, sinks, packed
+// sequences, negative scales.
+TEST(BwdGpu, ReferenceKernelsAgainstCpu) {
+  FA3_REQUIRE_GPU();
+  std::vector<FwdCase> cases;
+  FwdCase c = negative_scale_case();
+  cases.push_back(c);
+  c.window_left = 20;
+  c.window_right = 0;
+  c.head_dim = c.head_dim_v = 64;
+  c.softcap = 0.f;
+  c.sinks = true;
+  cases.push_back(c);
+  c = packed_head_dim_case(128, 128, Layout::kBSHD);
+  c.causal = true;
+  cases.push_back(c);
+  for (const FwdCase& r : cases) {
+    SCOPED_TRACE(r.name());
+    BwdData d = make_bwd_data(r);
+    expect_grads(d, run_bwd(d, /*reference=*/true), r, 1e-2);
+  }
 }
 
 // LSE's own gradient (fa3_bwd_params.dlse: a loss that uses LSE): dQ/dK/dV (and dsinks) against the
 // reference's gradient through O and LSE together, on every backward tile (d64, d128, d256), causal
-// rows without a key, softcap, GQA, packed sequences with seqused and empty ones, sinks, the
-// deterministic mode (bitwise reproducible) and the reference backward. The dLSE entries of rows no
+// rows without a key, softcap, GQA, packed sequences with seqused and empty ones, sinks, a negative
+// scale, the deterministic mode (bitwise reproducible). The dLSE entries of rows no
 // sequence uses are NaN. dV does not depend on dLSE; dQ must (checked against the run without).
 TEST(BwdGpu, LseGradient) {
   FA3_REQUIRE_GPU();
@@ -464,7 +515,7 @@ TEST(BwdGpu, LseGradient) {
     c.seqlen_k = 190;
     c.softmax_scale = -0.05f;
     c.sinks = true;
-    cases.push_back({c, "reference-gpu"});
+    cases.push_back({c, "hopper"});
   }
   for (const auto& [c, kernel] : cases)
     for (int det : {0, 1}) {
@@ -485,8 +536,8 @@ TEST(BwdGpu, LseGradient) {
 }
 
 // Attention sinks: dQ/dK/dV through the LSE that holds the sink, and the sinks' own gradient
-// (its kernel after the preprocess; the reference kernels' D), on the Hopper backward (dense, rows
-// without keys, GQA, d256, varlen with empty sequences and seqused) and the reference backward;
+// (its kernel after the preprocess), on the Hopper backward (dense, rows
+// without keys, GQA, d256, varlen with empty sequences and seqused, a negative scale);
 // always bitwise reproducible.
 TEST(BwdGpu, SinksGradient) {
   FA3_REQUIRE_GPU();
@@ -526,7 +577,7 @@ TEST(BwdGpu, SinksGradient) {
     c.seqlen_q = 150;
     c.seqlen_k = 190;
     c.softmax_scale = -0.05f;
-    cases.push_back({c, "reference-gpu"});
+    cases.push_back({c, "hopper"});
   }
   // One key and a sink: a row's dS = p (1 - p) dO.V, where p is the key's probability, and D =
   // dO . O comes from the forward's bf16 O: its rounding (2^-9) is amplified by p / (1 - p) in dS

@@ -179,7 +179,7 @@ TEST(FwdGpu, EveryInstantiationByName) {
 // LSE = the sink: causal with seqlen_q > seqlen_k, windows, empty sequences, whole tiles the
 // producer zeroes), the decode kernel with one split (its own epilogue) and with several (the
 // combine adds the sink once), pack-GQA rows of several heads, e4m3 (with softcap too), paged, and
-// the reference kernel (a negative scale; e4m3 with softcap and block descales).
+// e4m3 with softcap and block descales; a negative scale.
 TEST(FwdGpu, SinksAgainstCpu) {
   FA3_REQUIRE_GPU();
   std::vector<std::pair<FwdCase, bool>> cases;  // (case, on the Hopper kernel)
@@ -258,18 +258,19 @@ TEST(FwdGpu, SinksAgainstCpu) {
     c.q_block = 64;
     c.kv_block = 128;
     add(c);
-    c.softcap = 20.f;  // e4m3 with softcap and block descales: the reference kernel
-    add(c, false);
+    c.softcap = 20.f;  // e4m3 with softcap and block descales
+    add(c);
     c.q_block = c.kv_block = 0;  // e4m3 with softcap: the Hopper kernel
     add(c);
   }
   {
-    FwdCase c;  // a negative softmax scale: the reference kernel
+    FwdCase c;  // a negative softmax scale: -Q's copy in the workspace
     c.seqlen_q = 33;
     c.seqlen_k = 200;
     c.softmax_scale = -0.1f;
     c.causal = true;
-    add(c, false);
+    c.workspace = true;
+    add(c);
   }
   for (const auto& [c, hopper] : cases) {
     EXPECT_EQ(kernel_of(c), hopper ? "hopper" : "reference-gpu") << c.name();
@@ -1663,6 +1664,18 @@ TEST(FwdGpu, Fp8Softcap) {
   const float caps[] = {30.f, 5.f, 0.5f};
   for (size_t i = 0; i < cases.size(); ++i) cases[i].softcap = caps[i % 3];
   expect_fp8_matches_reference(cases);
+  // With block descales (ScoreMod<true, true, true>: each row's Q factor and each key block's K
+  // factor inside the tanh, V's as the logits' shift): Q blocks of 1, 64 and 100 rows, K/V blocks
+  // of 128 and 256 keys, Q's or K/V's alone, V's factors over 2^-6 .. 2^6.
+  std::vector<FwdCase> blocks = fp8_cases();
+  const int q_blocks[] = {64, 1, 100, 0, 7}, kv_blocks[] = {128, 256, 128, 256, 0};
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].softcap = caps[(i + 1) % 3];
+    blocks[i].q_block = q_blocks[i % 5];
+    blocks[i].kv_block = kv_blocks[i % 5];
+    blocks[i].wide_v_factors = i % 4 == 0 && blocks[i].kv_block > 0;
+  }
+  expect_fp8_matches_reference(blocks);
   FwdCase c;
   c.dtype = FA3_DTYPE_E4M3;
   c.seqlen_q = c.seqlen_k = 4097;
@@ -1671,6 +1684,9 @@ TEST(FwdGpu, Fp8Softcap) {
     c.causal = causal;
     run_fwd_case(c, true, /*use_oracle=*/true);
   }
+  c.q_block = 64;
+  c.kv_block = 384;
+  run_fwd_case(c, true, /*use_oracle=*/true);
 }
 
 // Gathered pages (not a multiple of 16 rows) on every FP8 tile the dispatch picks: the d256 64-key
@@ -1742,8 +1758,9 @@ TEST(FwdGpu, Fp8SmallCases) {
     c.q_block = 64;  // block descales
     c.kv_block = 128;
     run_fwd_case(c);
-    c.q_block = c.kv_block = 0;  // softcap (per-head descales)
-    c.softcap = 5.f;
+    c.softcap = 5.f;  // softcap with block descales, then with per-head descales
+    run_fwd_case(c);
+    c.q_block = c.kv_block = 0;
     run_fwd_case(c);
     c.softcap = 0.f;  // gathered pages (two gather warps and a lone transposer)
     c.page_size = dim == 128 ? 1 : 24;
@@ -1780,22 +1797,99 @@ TEST(FwdGpu, Fp8SmallCases) {
   }
 }
 
-TEST(FwdGpu, FallbackFeaturesStayOnReferenceGpu) {
+
+// A negative softmax scale: the Hopper kernels on -Q's copy in the workspace with |scale|
+// (append_kv.h), on every path that reads Q: the 16-bit tiles (both dtypes, d64 / d128 / d256,
+// the d192 / d128 pair, masks, softcap, tails), packed sequences with guard rows, the decode
+// kernel with splits and pack-GQA, a paged cache, e4m3 with per-head and block descales and with
+// softcap; Q in BHSD with guard rows. Without the workspace: an error that names it.
+TEST(FwdGpu, NegativeScaleOnHopper) {
   FA3_REQUIRE_GPU();
+  std::vector<FwdCase> cases;
+  auto add = [&](FwdCase c, float scale) {
+    c.softmax_scale = scale;
+    c.workspace = true;
+    cases.push_back(c);
+  };
+  for (fa3_dtype t : {FA3_DTYPE_BF16, FA3_DTYPE_FP16})
+    for (int d : {64, 128, 256}) {
+      FwdCase c;
+      c.dtype = t;
+      c.head_dim = d;
+      c.seqlen_q = d == 128 ? 1000 : 17;
+      c.seqlen_k = d == 64 ? 4097 : 1000;
+      c.heads_q = 4;
+      c.heads_kv = d == 256 ? 1 : 2;
+      c.causal = d != 64;
+      add(c, d == 128 ? -0.5f : -0.08f);
+    }
+  {
+    FwdCase c;
+    c.head_dim = 192;
+    c.head_dim_v = 128;
+    c.seqlen_q = c.seqlen_k = 300;
+    c.window_left = 40;
+    c.window_right = 7;
+    c.layout = Layout::kBHSD;  // (Q's copy from a strided Q)
+    c.guard_rows = 5;
+    add(c, -0.1f);
+    c.layout = Layout::kBSHD;
+    c.guard_rows = 0;
+    c.head_dim = c.head_dim_v = 64;
+    c.window_left = c.window_right = -1;
+    c.softcap = 7.f;
+    c.causal = true;
+    add(c, -0.3f);
+  }
+  {
+    FwdCase c = packed_head_dim_case(128, 128, Layout::kBSHD);  // varlen, empty sequences, guard rows
+    c.causal = true;
+    add(c, -0.1f);
+    c.page_size = 64;
+    c.causal = false;
+    add(c, -0.1f);
+  }
+  for (int splits : {0, 1, 5}) {  // the decode kernel, pack-GQA 8:2
+    FwdCase c;
+    c.batch = 3;
+    c.seqlen_q = splits == 5 ? 4 : 1;
+    c.seqlen_k = 3000;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.causal = splits == 5;
+    c.num_splits = splits;
+    add(c, -0.09f);
+  }
+  {
+    FwdCase c;  // e4m3: per-head descales, block descales, softcap
+    c.dtype = FA3_DTYPE_E4M3;
+    c.seqlen_q = 200;
+    c.seqlen_k = 1100;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = 256;
+    add(c, -0.06f);
+    c.head_dim = 128;
+    c.causal = true;
+    c.q_block = 64;
+    c.kv_block = 128;
+    add(c, -0.09f);
+    c.q_block = c.kv_block = 0;
+    c.softcap = 15.f;
+    add(c, -0.09f);
+  }
+  for (const FwdCase& c : cases) {
+    EXPECT_EQ(kernel_of(c), "hopper") << c.name();
+    run_fwd_case(c, /*expect_hopper=*/true);
+  }
+  // Without the workspace for -Q's copy: refused, naming it.
   FwdCase c;
-  c.dtype = FA3_DTYPE_E4M3;  // fp8 with softcap and block descales
-  c.seqlen_q = 200;
-  c.seqlen_k = 300;
-  c.causal = true;
-  c.softcap = 20.f;
-  c.q_block = 64;
-  c.kv_block = 128;
-  EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
-  run_fwd_case(c, /*expect_hopper=*/false);
-  c = FwdCase();
-  c.softmax_scale = -0.1f;  // negative scale
-  EXPECT_EQ(kernel_of(c), "reference-gpu") << c.name();
-  run_fwd_case(c, false);
+  c.softmax_scale = -0.1f;
+  FwdData d = make_fwd_data(c);
+  const Status st = fa3::forward(d.args);
+  EXPECT_EQ(st.code(), FA3_ERROR_INVALID_ARGUMENT) << st.message();
+  EXPECT_NE(st.message().find("workspace_bytes"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("negative softmax_scale"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -200,6 +201,10 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
   if (g.chance(0.25)) c.softcap = g.chance(0.5) ? g.pick<float>({{5.f, 1}, {10.f, 1}, {30.f, 1}, {50.f, 1}})
                                                : g.uniform_f(0.5f, 100.f);
   if (g.chance(0.15)) c.softmax_scale = g.uniform_f(0.02f, 0.5f);
+  if (g.chance(0.05)) {  // a negative scale: -Q's copy in the workspace (append_kv.h)
+    c.softmax_scale = -(c.softmax_scale != 0.f ? c.softmax_scale : 1.f / std::sqrt(float(c.head_dim)));
+    c.workspace = true;
+  }
   c.with_lse = g.chance(0.85);
   if (g.chance(0.3)) c.guard_rows = g.chance(0.5) ? g.uniform(1, 16) : g.uniform(17, 300);
   if (c.softcap == 0.f && g.chance(0.05)) c.key_growth = 16.f;
@@ -212,8 +217,7 @@ FwdCase random_case(std::mt19937& engine, Rows* rows_out) {
     if (c.page_size % 16 == 0 && c.page_size > 0 && g.chance(0.5))
       c.page_size = g.pick<int>({{1, 1}, {8, 1}, {24, 1}});
     c.key_growth = 0.f;
-    if (g.chance(0.5)) {  // block descales (the WithBlockDescales kernels; softcap goes: not with them)
-      c.softcap = 0.f;
+    if (g.chance(0.5)) {  // block descales (the WithBlockDescales kernels, softcap too)
       if (g.chance(0.7)) c.q_block = g.chance(0.5) ? g.uniform(1, 300) : 64;
       if (g.chance(0.8)) c.kv_block = 128 * g.uniform(1, 3);
     }
@@ -394,9 +398,12 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     if (c.dtype == FA3_DTYPE_E4M3) ++covered["e4m3"];
     if (c.dtype == FA3_DTYPE_E4M3 && (c.q_block > 0 || c.kv_block > 0)) ++covered["e4m3 block descales"];
     if (c.dtype == FA3_DTYPE_E4M3 && c.softcap > 0) ++covered["e4m3 softcap"];
+    if (c.dtype == FA3_DTYPE_E4M3 && c.softcap > 0 && (c.q_block > 0 || c.kv_block > 0))
+      ++covered["e4m3 softcap, block descales"];
     if (c.dtype == FA3_DTYPE_E4M3 && c.page_size % 16 != 0) ++covered["e4m3 gathered pages"];  // (~5 a run)
     if (c.sinks) ++covered["sinks"];
     if (c.workspace) ++covered["workspace (decode path)"];
+    if (c.softmax_scale < 0.f) ++covered["negative scale"];
     if (c.head_dim_v != c.head_dim) ++covered["d_qk != d_v"];
     if (c.causal) ++covered["causal"];
     if (c.window_left >= 0 || c.window_right >= 0) ++covered["window"];
@@ -433,7 +440,7 @@ TEST(FwdRandomGpu, AgreesWithOracleOnRandomConfigs) {
     for (const char* what : {"softcap", "paged", "paged, packed queries", "paged, gathered pages",
                              "workspace (decode path)", "d_qk != d_v",
                              "causal", "window", "guard rows", "gqa/mqa", "e4m3", "e4m3 block descales", "e4m3 softcap",
-                             "sinks"})
+                             "sinks", "negative scale"})
       EXPECT_GT(covered[what], 0) << "no random case drew " << what;
 }
 

@@ -82,6 +82,53 @@ TEST_F(FwdValidation, SoftcapAndScalePass) {
   EXPECT_TRUE(Passes(fa3::validate(a)));
 }
 
+// A negative softmax scale runs on the Hopper kernels as |scale| on -Q's copy, first in the
+// workspace (append_kv.h): the copy's share (Q's elements, 1 byte each in e4m3), a q that points
+// there in Q's layout, the scale's sign dropped; packed queries copy total_q rows.
+TEST_F(FwdValidation, NegativeScaleCopiesQ) {
+  size_t positive = 0, negative = 0;
+  ASSERT_TRUE(Passes(fa3::workspace_size(a, &positive)));
+  a.softmax_scale = -0.25f;
+  ASSERT_TRUE(Passes(fa3::validate(a)));
+  const char* name = nullptr;
+  ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
+  EXPECT_STREQ(name, "hopper");
+  EXPECT_TRUE(fa3::attn::has_append(a));
+  const fa3::attn::AppendWorkspace w = fa3::attn::append_workspace(a);
+  EXPECT_TRUE(w.negate_q && !w.rotate_q && !w.counts);
+  const size_t q_bytes = size_t(kBatch) * kSeqQ * kHeadsQ * kDim * 2;
+  EXPECT_GE(w.bytes, w.q + q_bytes);
+  ASSERT_TRUE(Passes(fa3::workspace_size(a, &negative)));
+  EXPECT_EQ(negative, positive + w.bytes);
+  fa3::FwdArgs b = a;
+  b.workspace = fake(0x700000);
+  b.workspace_bytes = w.bytes;
+  const fa3_fwd_params r = fa3::attn::attention_params(b, w);
+  EXPECT_EQ(r.softmax_scale, 0.25f);
+  EXPECT_EQ(r.q.data, fake(0x700000 + w.q));
+  EXPECT_EQ(r.q.row_stride, int64_t(kHeadsQ) * kDim);
+  EXPECT_EQ(r.q.head_stride, kDim);
+  EXPECT_EQ(r.q.batch_stride, int64_t(kSeqQ) * kHeadsQ * kDim);
+  EXPECT_EQ(r.k.data, a.k.data);
+  EXPECT_EQ(r.seqused_k, nullptr);
+  EXPECT_EQ(r.workspace, nullptr);  // (exactly the copy's share: none left for the attention)
+  EXPECT_GT(fa3::detail::make_problem(r).scale, 0.f);
+  // e4m3: a byte an element; packed queries: total_q rows.
+  fa3::FwdArgs e = a;
+  e.dtype = FA3_DTYPE_E4M3;
+  e.cu_seqlens_q = fake<const int32_t>(0x660000);
+  e.cu_seqlens_k = fake<const int32_t>(0x670000);
+  e.total_q = 300;
+  e.total_k = 700;
+  ASSERT_TRUE(Passes(fa3::validate(e)));
+  const fa3::attn::AppendWorkspace we = fa3::attn::append_workspace(e);
+  EXPECT_GE(we.bytes - we.q, size_t(300) * kHeadsQ * kDim);
+  EXPECT_LT(we.bytes - we.q, size_t(300) * kHeadsQ * kDim + 256);
+  // -0.0 is the default scale, as 0 is: no copy.
+  a.softmax_scale = -0.f;
+  EXPECT_FALSE(fa3::attn::has_append(a));
+}
+
 TEST_F(FwdValidation, VarlenPassesAndIgnoresBatchStride) {
   a.cu_seqlens_q = fake<const int32_t>(0x600000);
   a.cu_seqlens_k = fake<const int32_t>(0x610000);
@@ -167,8 +214,7 @@ TEST_F(FwdValidation, E4m3WithDescalesPasses) {
   a.descale_batch_stride = kHeadsKv;
   a.descale_head_stride = 1;
   EXPECT_TRUE(Passes(fa3::validate(a)));
-  // Softcap on the FP8 Hopper kernels with per-head descales; with block descales on the
-  // reference kernel (its tanh would need each row's and key block's factor).
+  // Softcap on the FP8 Hopper kernels, with per-head descales and with block descales.
   a.softcap = 30.f;
   const char* name = nullptr;
   ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
@@ -176,7 +222,7 @@ TEST_F(FwdValidation, E4m3WithDescalesPasses) {
   static const float kFactors[1] = {1.f};
   a.k_block_descale = {kFactors, 0, 0, 128, (kSeqK + 127) / 128};
   ASSERT_TRUE(Passes(fa3::kernel_name(a, &name)));
-  EXPECT_STREQ(name, "reference-gpu");
+  EXPECT_STREQ(name, "hopper");
 }
 
 // e4m3 K/V in pages that are not a multiple of 16 rows run on the Hopper kernel too (gathered row
@@ -1071,7 +1117,8 @@ TEST_F(BwdValidation, KernelNameAndWorkspace) {
   b.fwd.total_q += 1000;
   ASSERT_TRUE(Passes(fa3::workspace_size(b, &more)));
   EXPECT_GT(more, packed);
-  // Head dim 256 on the Hopper backward too; a negative softmax scale on the reference kernels.
+  // Head dim 256 on the Hopper backward too, and with a negative softmax scale (-Q's copy first in
+  // the workspace: append_kv.h).
   b.fwd.cu_seqlens_q = b.fwd.cu_seqlens_k = nullptr;
   b.fwd.head_dim_qk = b.fwd.head_dim_v = 256;
   for (fa3_tensor* t : {&b.fwd.q, &b.fwd.k, &b.fwd.v, &b.fwd.out, &b.dout, &b.dq, &b.dk, &b.dv}) {
@@ -1081,9 +1128,15 @@ TEST_F(BwdValidation, KernelNameAndWorkspace) {
   }
   ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
   EXPECT_STREQ(name, "hopper");
+  size_t positive = 0, negative = 0;
+  ASSERT_TRUE(Passes(fa3::workspace_size(b, &positive)));
   b.fwd.softmax_scale = -0.1f;
   ASSERT_TRUE(Passes(fa3::kernel_name(b, &name)));
-  EXPECT_STREQ(name, "reference-gpu");
+  EXPECT_STREQ(name, "hopper");
+  ASSERT_TRUE(Passes(fa3::workspace_size(b, &negative)));
+  const size_t q_bytes = size_t(b.fwd.batch) * b.fwd.seqlen_q * b.fwd.heads_q * b.fwd.head_dim_qk * 2;
+  EXPECT_GE(negative, positive + q_bytes);
+  EXPECT_LE(negative, positive + q_bytes + 256);
   EXPECT_TRUE(Invalid(fa3::kernel_name(b, nullptr), "name"));
   EXPECT_TRUE(Invalid(fa3::workspace_size(b, nullptr), "bytes"));
 }

@@ -104,7 +104,10 @@ typedef struct fa3_fwd_params {
   fa3_tensor q, k, v, out;
   float* lse; /* optional (NULL): float32 log-sum-exp per query row, contiguous */
 
-  float softmax_scale; /* 0 selects the default 1/sqrt(head_dim_qk) */
+  float softmax_scale; /* 0 selects the default 1/sqrt(head_dim_qk). A negative scale runs as |scale| on
+                        * -Q, a copy made in the workspace (fa3_fwd_workspace_size / fa3_bwd_workspace_size
+                        * count it; without it the call is refused): the results are those of the
+                        * negative scale, bit for bit the scores (negation is exact). */
   int32_t causal;      /* bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q */
   int32_t window_left; /* sliding window: keys j >= i + seqlen_k - seqlen_q - window_left; -1 = unbounded
                           (as is any window_left >= seqlen_k) */
@@ -131,10 +134,9 @@ typedef struct fa3_fwd_params {
 
   /* FP8 descale factors: float32 [batch, heads_kv] with the strides below (NULL = 1): the attention
    * is computed on q_descale * Q, k_descale * K, v_descale * V (FlashAttention-3's descales).
-   * e4m3 problems run on the Hopper FP8 kernel (P is rounded to e4m3 for the PV product there),
-   * except with softcap and block descales together or with a negative softmax_scale (the
-   * reference kernel). Decodes with per-head descales only (no softcap, no block descales) take
-   * the decode kernel as 16-bit problems do: num_splits > 1 then needs the workspace (an error
+   * e4m3 problems run on the Hopper FP8 kernels (P is rounded to e4m3 for the PV product there).
+   * Decodes with per-head descales only (no softcap, no block descales) take the decode kernel as
+   * 16-bit problems do: num_splits > 1 then needs the workspace (an error
    * without it), automatic splits take what fits; with softcap or block descales num_splits has
    * no effect. */
   const float* q_descale;
@@ -265,7 +267,9 @@ FA3_API fa3_status fa3_fwd_workspace_size(const fa3_fwd_params* params, size_t* 
 FA3_API fa3_status fa3_forward(const fa3_fwd_params* params, fa3_stream_t stream);
 
 /* Which implementation fa3_forward would run for these arguments: "hopper" (the warp-specialised
- * TMA/wgmma kernel) or "reference-gpu" (the simple fp32 kernel that covers every feature). */
+ * TMA/wgmma kernels) or "reference-gpu" (the simple fp32 kernel that covers every feature; every
+ * valid call takes the Hopper kernels today, and the name stays for what a later feature may
+ * need first). */
 FA3_API fa3_status fa3_fwd_kernel_name(const fa3_fwd_params* params, const char** name);
 
 FA3_API fa3_status fa3_bwd_validate(const fa3_bwd_params* params);
@@ -274,8 +278,9 @@ FA3_API fa3_status fa3_bwd_workspace_size(const fa3_bwd_params* params, size_t* 
  * and needs fa3_bwd_workspace_size() bytes of device scratch in params->workspace. deterministic = 0
  * accumulates dQ with fp32 reduce-adds in whatever order the key blocks finish; 1 orders them. */
 FA3_API fa3_status fa3_backward(const fa3_bwd_params* params, fa3_stream_t stream);
-/* "hopper" (the warp-specialised wgmma backward: fp16/bf16, head dims <= 256, a positive softmax scale) or
- * "reference-gpu" (the simple fp32 kernels that cover every backward feature). */
+/* "hopper" (the warp-specialised wgmma backward: fp16/bf16, head dims <= 256; a negative softmax scale
+ * on a negated copy of Q) or "reference-gpu" (the simple fp32 kernels that cover every backward
+ * feature; no valid call takes them today). */
 FA3_API fa3_status fa3_bwd_kernel_name(const fa3_bwd_params* params, const char** name);
 
 /* Combine: merges partial attention results over splits of the keys (split-KV, context

@@ -417,6 +417,67 @@ def test_fp8_softcap_with_descales(causal):
     assert rel_err(out, ref) <= 3e-2
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_softcap_block_descales_match_per_head(d, causal):
+    """e4m3 softcap with block descales (each row's Q factor and each key block's K factor inside
+    the tanh) against the per-head softcap kernel on inputs pre-scaled by the same power-of-two
+    factors (exact in e4m3: no input is subnormal or near the top): the tanh sees the same
+    products, so O agrees bit for bit, but for a few elements the two softmax variants round
+    differently (<= 52 of 2M, within a bf16 ulp, H100 2026-12-06)."""
+    torch.manual_seed(d + causal)
+    b, sq, sk, h, hkv, qb, kb = 2, 300, 517, 4, 2, 64, 128
+
+    def e4m3(*shape):  # magnitudes in [1/8, 4]: halving and doubling stay exact
+        x = torch.randn(*shape, device=DEV)
+        return torch.where(x.abs() < 0.125, torch.full_like(x, 0.125), x).clamp(-4, 4).to(torch.float8_e4m3fn)
+
+    q8, k8, v8 = e4m3(b, sq, h, d), e4m3(b, sk, hkv, d), e4m3(b, sk, hkv, d)
+    pick = lambda *shape: torch.tensor([0.5, 1.0, 2.0], device=DEV)[torch.randint(0, 3, shape, device=DEV)]
+    qf, kf = pick(b, h, (sq + qb - 1) // qb), pick(b, hkv, (sk + kb - 1) // kb)
+    vf = torch.ones(b, hkv, (sk + kb - 1) // kb, device=DEV)  # (V's factors shift P: not bitwise)
+    per_row = lambda f, block, s: f.repeat_interleave(block, dim=2)[:, :, :s].transpose(1, 2)[..., None]
+    q8s = (q8.float() * per_row(qf, qb, sq)).to(torch.float8_e4m3fn)
+    k8s = (k8.float() * per_row(kf, kb, sk)).to(torch.float8_e4m3fn)
+    assert torch.equal(q8s.float(), q8.float() * per_row(qf, qb, sq))
+    ds = [torch.rand(b, hkv, device=DEV) + 0.5 for _ in range(3)]
+    for cap in (0.5, 5.0, 30.0):
+        blk = fa3.flash_attn_func(q8, k8, v8, causal=causal, softcap=cap, q_descale=ds[0], k_descale=ds[1],
+                                  v_descale=ds[2], q_block_descale=qf, k_block_descale=kf, v_block_descale=vf,
+                                  q_block_size=qb, kv_block_size=kb)
+        head = fa3.flash_attn_func(q8s, k8s, v8, causal=causal, softcap=cap, q_descale=ds[0], k_descale=ds[1],
+                                   v_descale=ds[2])
+        diff = (blk.float() - head.float()).abs()
+        assert (diff > 0).sum().item() <= blk.numel() // 10000, cap
+        assert (diff <= head.float().abs() * 2**-7 + 1e-6).all(), cap
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_negative_softmax_scale(causal):
+    """A negative softmax_scale runs on the Hopper kernels as |scale| on -q (a copy in the
+    workspace): against float64, and bit for bit the positive scale on -q (negation is exact); the
+    backward's dq is the gradient of q, not of the copy (deterministic mode: bitwise)."""
+    torch.manual_seed(12 + causal)
+    q = rand(2, 333, 8, 128, dtype=torch.bfloat16).requires_grad_()
+    k = rand(2, 517, 2, 128, dtype=torch.bfloat16).requires_grad_()
+    v = rand(2, 517, 2, 128, dtype=torch.bfloat16).requires_grad_()
+    out = fa3.flash_attn_func(q, k, v, softmax_scale=-0.1, causal=causal, deterministic=True)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = ref_attention(q64, k64, v64, causal, scale=-0.1)
+    assert rel_err(out, ref) <= 1e-2
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert rel_err(got, want) <= 1e-2, name
+    qn = (-q.detach()).requires_grad_()
+    kp, vp = (t.detach().requires_grad_() for t in (k, v))
+    pos = fa3.flash_attn_func(qn, kp, vp, softmax_scale=0.1, causal=causal, deterministic=True)
+    assert torch.equal(out, pos)
+    pos.backward(dout)
+    assert torch.equal(q.grad, -qn.grad) and torch.equal(k.grad, kp.grad) and torch.equal(v.grad, vp.grad)
+
+
 def test_fp8_quantize_and_block_descales():
     """fa3.quantize_fp8 (blocks of 128 tokens; q and k rotated with one seed) into flash_attn_func's
     block descales, against bf16 attention on the unquantized inputs; the descales de-quantize to

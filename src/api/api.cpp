@@ -101,6 +101,15 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
   return ok();
 }
 
+// What the append's share of the workspace holds (append_kv.h), for messages.
+std::string append_share_holds(const attn::AppendWorkspace& w) {
+  std::string what = w.counts ? "the key counts" : "";
+  if (w.copies_q())
+    what += std::string(what.empty() ? "" : " and ") + "q's copy" + (w.rotate_q ? " (rotated)" : "") +
+            (w.negate_q ? " (negated: a negative softmax_scale)" : "");
+  return what.empty() ? "the packed keys' starts" : what;
+}
+
 // The workspace a validated call needs: the append's share, then the decode path's (split-KV partials).
 Status fwd_workspace_bytes(const fa3_fwd_params& p, size_t* bytes) {
   const attn::AppendWorkspace w = attn::append_workspace(p);
@@ -120,8 +129,8 @@ Status forward_impl(const fa3_fwd_params* p, cudaStream_t stream, bool check_poi
   const attn::AppendWorkspace w = attn::append_workspace(*p);
   if (attn::has_append(*p)) {
     if (p->workspace_bytes < w.bytes)
-      return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the KV-cache append (" +
-                     std::to_string(w.bytes) + " bytes for the key counts and the rotated q); got " +
+      return invalid("workspace_bytes must be at least fa3_fwd_workspace_size() for the work before the attention (" +
+                     std::to_string(w.bytes) + " bytes for " + append_share_holds(w) + "); got " +
                      std::to_string(p->workspace_bytes));
     // Explicit splits need their partials beside the append's share: checked before the append
     // writes the cache, so that a call that fails leaves the cache as it was (automatic splits take
@@ -168,8 +177,38 @@ Status quantize_impl(const fa3_quantize_params* p, cudaStream_t stream) {
 
 bool bwd_on_hopper(const FwdProblem& f) { return hopper_bwd_unsupported_reason(f) == nullptr; }
 
-size_t bwd_workspace_bytes(const FwdProblem& f) {
-  return bwd_on_hopper(f) ? hopper_bwd_workspace_bytes(f) : oracle_bwd_workspace_bytes(f);
+// A validated backward as the Hopper kernels run it. A negative softmax scale runs as |scale| on a
+// negated copy of Q, first in the workspace (append_kv.h: the step the forward takes before its
+// attention, launched here too); the backward's own scratch follows, and dQ takes its sign back
+// (FwdProblem::q_negated).
+// Otherwise the call as it is. The reference kernels take the call as it is either way.
+struct BwdPlan {
+  fa3_fwd_params before;     // the forward's parameters with the backward's workspace (the copy's input)
+  attn::AppendWorkspace w;   // the copy's share (w.bytes = 0 without one)
+  fa3_bwd_params b;          // what the kernels read: b.fwd after the copy, b.workspace past its share
+};
+BwdPlan bwd_plan(const fa3_bwd_params& p) {
+  BwdPlan plan{p.fwd, {}, p};
+  plan.before.workspace = p.workspace;
+  plan.before.workspace_bytes = p.workspace_bytes;
+  // (validated: no new keys, rotary or left padding, so the copy is the only work before it)
+  plan.w = attn::append_workspace(plan.before);
+  if (plan.w.bytes == 0) return plan;
+  plan.b.fwd = attn::attention_params(plan.before, plan.w);
+  plan.b.workspace = plan.b.fwd.workspace;
+  plan.b.workspace_bytes = plan.b.fwd.workspace_bytes;
+  return plan;
+}
+FwdProblem bwd_problem(const BwdPlan& plan) {
+  FwdProblem f = make_problem(plan.b.fwd);
+  f.q_negated = plan.w.negate_q;
+  return f;
+}
+
+size_t bwd_workspace_bytes(const BwdPlan& plan) {
+  const FwdProblem f = bwd_problem(plan);
+  return bwd_on_hopper(f) ? plan.w.bytes + hopper_bwd_workspace_bytes(f)
+                          : oracle_bwd_workspace_bytes(make_problem(plan.before));
 }
 
 Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream, bool check_pointers = true) {
@@ -183,25 +222,28 @@ Status backward_impl(const fa3_bwd_params* p, cudaStream_t stream, bool check_po
                                                         {p->dsinks, "dsinks"},       {p->dlse, "dlse"}};
     for (const auto& [ptr, name] : ptrs) FA3_TRY(check_device_pointer(ptr, name));
   }
-  const FwdProblem f = make_problem(p->fwd);
-  const size_t need = bwd_workspace_bytes(f);
+  const BwdPlan plan = bwd_plan(*p);
+  const FwdProblem f = bwd_problem(plan);
+  const size_t need = bwd_workspace_bytes(plan);
   if (p->workspace_bytes < need)
     return invalid("workspace_bytes must be at least fa3_bwd_workspace_size() = " + std::to_string(need) + "; got " +
                    std::to_string(p->workspace_bytes));
-  return bwd_on_hopper(f) ? hopper_bwd(*p, f, stream) : oracle_bwd(*p, f, stream);
+  if (!bwd_on_hopper(f)) return oracle_bwd(*p, make_problem(p->fwd), stream);
+  if (plan.w.bytes > 0) FA3_TRY(attn::launch_append(plan.before, plan.w, stream));
+  return hopper_bwd(plan.b, f, stream);
 }
 
 Status bwd_workspace_impl(const fa3_bwd_params* p, size_t* bytes) {
   if (bytes == nullptr) return invalid("bytes must not be NULL");
   FA3_TRY(validate_bwd(p));
-  *bytes = bwd_workspace_bytes(make_problem(p->fwd));
+  *bytes = bwd_workspace_bytes(bwd_plan(*p));
   return ok();
 }
 
 Status bwd_kernel_name_impl(const fa3_bwd_params* p, const char** name) {
   if (name == nullptr) return invalid("name must not be NULL");
   FA3_TRY(validate_bwd(p));
-  *name = bwd_on_hopper(make_problem(p->fwd)) ? "hopper" : "reference-gpu";
+  *name = bwd_on_hopper(bwd_problem(bwd_plan(*p))) ? "hopper" : "reference-gpu";
   return ok();
 }
 

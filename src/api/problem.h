@@ -15,6 +15,9 @@ struct FwdProblem {
   // The decode path's plan (fwd_dispatch.cpp, split_plan.h): key splits (0: not the decode path)
   // and the query heads packed per tile (pack-GQA).
   int num_splits = 0, pack_group = 1;
+  // The backward reads -Q (a negative softmax scale run as |scale|: append_kv.h), so its dQ is the
+  // gradient of -Q: the postprocess negates it.
+  bool q_negated = false;
 
   bool has_mask() const { return window_left >= 0 || window_right >= 0; }
 };

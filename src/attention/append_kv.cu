@@ -1,14 +1,18 @@
-// The KV-cache append with rotary embedding (append_kv.h). A warp per (row, head): the new keys and
-// values of batch entry b go to cache positions cache_seqlens[b] + i (contiguous or paged), rotated
-// keys first; with rotary each Q row is rotated into the workspace. The data is a decode step's
-// few rows: bandwidth-bound and small next to the attention that follows, so the kernel is plain
-// (lanes on rotation pairs, fp32 math, one rounding to the dtype, as the attention's inputs are).
-// Block 0 also writes each sequence's key count and, for a left-padded cache, where its keys start
-// as packed rows.
+// The work before the attention (append_kv.h). The append kernel, a warp per (row, head): the new
+// keys and values of batch entry b go to cache positions cache_seqlens[b] + i (contiguous or
+// paged), rotated keys first; with rotary each Q row is rotated (and negated for a negative scale)
+// into the workspace. That data is a decode step's few rows: bandwidth-bound and small next to the
+// attention that follows, so the kernel is plain (lanes on rotation pairs, fp32 math, one rounding
+// to the dtype, as the attention's inputs are). Block 0 also writes each sequence's key count and,
+// for a left-padded cache, where its keys start as packed rows. A negative scale without rotary
+// negates a whole Q, a prefill's too: a kernel of its own, a thread per 16-byte chunk.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "src/api/problem.h"
 #include "src/attention/append_kv.h"
@@ -22,11 +26,26 @@ constexpr int kWarps = 8;
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
+// x with its sign bit flipped: -x exactly (a NaN stays a NaN), in a 16-bit or 8-bit float.
+template <class T>
+__device__ T negated(T x) {
+  using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>;
+  static_assert(sizeof(T) == sizeof(Bits), "16-bit or 8-bit elements");
+  Bits b;
+  memcpy(&b, &x, sizeof b);
+  b ^= Bits(1u << (8 * sizeof(Bits) - 1));
+  memcpy(&x, &b, sizeof b);
+  return x;
+}
+
 // One row's rotary embedding: its first rotary_dim columns as pairs (x1, x2) -> (x1 cos - x2 sin,
 // x1 sin + x2 cos), pair i being columns (2i, 2i + 1) interleaved or (i, i + rotary_dim / 2) not, at
-// table row `pos`; the other columns copied. rotary_dim 0: a copy.
+// table row `pos`; the other columns copied; every element negated with `negate`. rotary_dim 0: a
+// copy. 16-bit elements (the append's dtypes).
 template <class T>
-__device__ void rotate_row(const fa3_fwd_params& a, const T* src, T* dst, int dim, int pos, int lane) {
+__device__ void rotate_row(const fa3_fwd_params& a, const T* src, T* dst, int dim, int pos, int lane,
+                           bool negate = false) {
+  auto out = [&](T x) { return negate ? negated(x) : x; };
   const int half = a.rotary_cos != nullptr ? a.rotary_dim / 2 : 0;
   if (half > 0) {
     const T* cos = static_cast<const T*>(a.rotary_cos) + int64_t(pos) * a.rotary_row_stride;
@@ -36,11 +55,34 @@ __device__ void rotate_row(const fa3_fwd_params& a, const T* src, T* dst, int di
       const float x1 = hopper::to_f32(src[c1]), x2 = hopper::to_f32(src[c2]);
       const float c = hopper::to_f32(cos[i]), s = hopper::to_f32(sin[i]);
       // Each product and sum rounded on its own (no FMA contraction): the CPU tests repeat it bit for bit.
-      dst[c1] = hopper::from_f32<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-      dst[c2] = hopper::from_f32<T>(__fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c)));
+      dst[c1] = out(hopper::from_f32<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))));
+      dst[c2] = out(hopper::from_f32<T>(__fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c))));
     }
   }
-  for (int x = 2 * half + lane; x < dim; x += 32) dst[x] = src[x];
+  for (int x = 2 * half + lane; x < dim; x += 32) dst[x] = out(src[x]);
+}
+
+// Q's negated copy without rotary: a thread per 16-byte chunk of a (row, head), consecutive
+// threads on consecutive chunks of a head's row, then of the row's next head and of the next rows
+// (coalesced reads where Q is contiguous, always coalesced writes: the copy is). Each 32-bit word
+// XORed with `sign`, its elements' sign bits. Q's rows and the copy's are 16-byte aligned
+// (validation: TMA's alignment and strides); strides here are in 16-byte chunks.
+__global__ void __launch_bounds__(256) negate_q_kernel(const uint4* q, uint4* out, int64_t batch_stride,
+                                                       int64_t row_stride, int64_t head_stride, int seqlen_q,
+                                                       bool packed, int heads, int chunks_per_head, int64_t chunks,
+                                                       uint32_t sign) {
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t unit = c / chunks_per_head;
+    const int x = int(c - unit * chunks_per_head), h = int(unit % heads);
+    const int64_t r = unit / heads;  // packed: the row; dense: batch entry r / seqlen_q, row r % seqlen_q
+    const int64_t row = packed ? r * row_stride : r / seqlen_q * batch_stride + r % seqlen_q * row_stride;
+    uint4 v = q[row + h * head_stride + x];
+    v.x ^= sign;
+    v.y ^= sign;
+    v.z ^= sign;
+    v.w ^= sign;
+    out[c] = v;
+  }
 }
 
 // Where key position `pos` of batch entry b, kv head h lies in K or V (t): contiguous rows, or the
@@ -75,13 +117,14 @@ __device__ int64_t row_offset(const fa3_tensor& t, bool packed, int64_t r, RowOf
 }
 
 // Work units, a warp each: new key/value rows x heads_kv ([batch][seqlen_new], or total_new packed
-// rows), then (rotate_q) query rows x heads_q ([batch][seqlen_q], or total_q packed rows). Block 0
-// also writes the key counts (seqused: with new keys or left padding) and, with left padding, the
-// packed rows' starts (cu_k, int32 [batch + 1]; rows_per_batch and total_rows: append_kv.h).
+// rows), then (q_out: Q's rotated copy) query rows x heads_q ([batch][seqlen_q], or total_q packed
+// rows), negated with negate_q. Block 0 also writes the key counts (seqused: with new keys or left
+// padding) and, with left padding, the packed rows' starts (cu_k, int32 [batch + 1];
+// rows_per_batch and total_rows: append_kv.h).
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_params a, int* seqused, int* cu_k,
                                                              int64_t rows_per_batch, int total_rows, T* q_out,
-                                                             bool windowed) {
+                                                             bool windowed, bool negate_q) {
   const int lane = threadIdx.x % 32;
   const bool packed_new = a.cu_seqlens_new != nullptr, packed_q = a.cu_seqlens_q != nullptr;
   if (blockIdx.x == 0 && seqused != nullptr) {
@@ -136,7 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32) append_kernel(const fa3_fwd_param
   const int pos = rotary_base(row.b) + (windowed ? row.i : 0);
   const T* src = static_cast<const T*>(a.q.data) + row_offset(a.q, packed_q, r, row, h);
   // (the copy's rows in Q's order: dense [batch][seqlen_q] or packed, heads_q x head_dim_qk each)
-  rotate_row<T>(a, src, q_out + (r * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk, table_row(pos), lane);
+  rotate_row<T>(a, src, q_out + (r * a.heads_q + h) * a.head_dim_qk, a.head_dim_qk, table_row(pos), lane, negate_q);
 }
 
 // The append's rows on the host: new keys ([batch][seqlen_new], or total_new packed) and queries
@@ -154,10 +197,12 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
   AppendWorkspace w;
   if (!has_append(a)) return w;
   w.rotate_q = a.rotary_cos != nullptr;
+  w.negate_q = a.softmax_scale < 0.f;
   w.counts = a.k_new.data != nullptr || a.leftpad_k != nullptr;
   w.cu_k = align256(w.counts ? size_t(a.batch) * sizeof(int) : 0);
   w.q = align256(w.cu_k + (a.leftpad_k != nullptr ? size_t(a.batch + 1) * sizeof(int) : 0));
-  const size_t q_bytes = w.rotate_q ? size_t(query_rows(a)) * a.heads_q * a.head_dim_qk * 2 : 0;
+  const size_t elem = a.dtype == FA3_DTYPE_E4M3 ? 1 : 2;
+  const size_t q_bytes = w.copies_q() ? size_t(query_rows(a)) * a.heads_q * a.head_dim_qk * elem : 0;
   w.bytes = align256(w.q + q_bytes);
   return w;
 }
@@ -181,10 +226,11 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
     r.total_k = int32_t(leftpad_total_rows(a));
     r.leftpad_k = nullptr;
   }
-  if (w.rotate_q) {  // (packed rows: the batch stride is not read)
+  if (w.copies_q()) {  // (packed rows: the batch stride is not read)
     const int64_t d = a.head_dim_qk, h = a.heads_q;
     r.q = fa3_tensor{at(w.q), int64_t(a.seqlen_q) * h * d, h * d, d};
   }
+  if (w.negate_q) r.softmax_scale = -a.softmax_scale;
   r.k_new = r.v_new = fa3_tensor{};
   r.seqlen_new = r.total_new = 0;
   r.cu_seqlens_new = nullptr;
@@ -197,7 +243,27 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
   return r;
 }
 
+// Q's negated copy without rotary (negate_q_kernel) into the workspace at w.q.
+Status launch_negate_q(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStream_t stream) {
+  const int elem = a.dtype == FA3_DTYPE_E4M3 ? 1 : 2;  // (head_dim_qk * elem: whole 16-byte chunks, validated)
+  const int chunks_per_head = a.head_dim_qk * elem / 16;
+  const int64_t chunks = query_rows(a) * a.heads_q * chunks_per_head;
+  if (chunks == 0) return Status();
+  const int64_t per_chunk = 16 / elem;  // strides: elements -> chunks (multiples of 16 bytes, validated)
+  // Enough CTAs to fill the GPU several times over; each walks the rest by a grid stride.
+  const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 65536));
+  return hopper::launch<negate_q_kernel>(blocks, 256, 0, stream, static_cast<const uint4*>(a.q.data),
+                                         reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.workspace) + w.q),
+                                         a.q.batch_stride / per_chunk, a.q.row_stride / per_chunk,
+                                         a.q.head_stride / per_chunk, a.seqlen_q, a.cu_seqlens_q != nullptr,
+                                         a.heads_q, chunks_per_head, chunks,
+                                         elem == 2 ? 0x80008000u : 0x80808080u);
+}
+
 Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStream_t stream) {
+  if (w.negate_q && !w.rotate_q) FA3_TRY(launch_negate_q(a, w, stream));
+  // The append kernel: new keys, rotary, or key counts (a negative scale alone needs none of them).
+  if (!w.rotate_q && !w.counts) return Status();
   uint8_t* base = static_cast<uint8_t*>(a.workspace);
   int* seqused = w.counts ? reinterpret_cast<int*>(base + w.seqused) : nullptr;
   int* cu_k = a.leftpad_k != nullptr ? reinterpret_cast<int*>(base + w.cu_k) : nullptr;
@@ -213,11 +279,11 @@ Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStre
   if (a.dtype == FA3_DTYPE_BF16)
     return hopper::launch<append_kernel<__nv_bfloat16>>(
         unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k, rows_per_batch, total_rows,
-        w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed);
+        w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed, w.negate_q);
   return hopper::launch<append_kernel<__half>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
                                                rows_per_batch, total_rows,
                                                w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr,
-                                               windowed);
+                                               windowed, w.negate_q);
 }
 
 }  // namespace fa3::attn

@@ -45,7 +45,7 @@ Status launch_bwd(const fa3_bwd_params& b, const detail::FwdProblem& f, cudaStre
   pp.head_dim_v = a.head_dim_v;
   pp.head_dim_padded = Cfg::kHeadDim;
   pp.dq_accum_transposed = Cfg::kQueryRows;
-  pp.scale = f.scale;
+  pp.scale = f.q_negated ? -f.scale : f.scale;  // (the postprocess's dQ factor)
   pp.cu_seqlens_q = a.cu_seqlens_q;
   pp.seqused_q = a.seqused_q;
   pp.total_q = a.total_q;

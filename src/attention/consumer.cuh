@@ -49,13 +49,20 @@ struct FwdConsumer {
 
   // Tile w's score pipeline: its score modifier (mainloop.scores) and a fresh softmax. e4m3: the
   // descales join the softmax's scale, or with softcap the tanh's factor (score_mod.cuh); block
-  // descales: the rows' factors, descale.cuh; the key blocks' come with their K stages.
+  // descales: the rows' factors, descale.cuh (with softcap: the tanh's, per row); the key blocks'
+  // come with their K stages.
   __device__ __forceinline__ Softmax begin_tile_scores(const WorkTile& w, const Seq& seq) {
     // (The two branches below index by w.head, which a packed decode tile's is not: none of them
     // reaches the decode kernel, split_plan.h.)
     static_assert(!(Feat::kSplit && (Cfg::kBlockDescales || Feat::kSoftcap)), "decode tiles: per-head descales only");
     if constexpr (Cfg::kBlockDescales) {
-      return Softmax(p, w.batch, w.head, mainloop.thread_queries(w.m_block).q, seq.seqlen_q(p));
+      const auto rows = mainloop.thread_queries(w.m_block);
+      if constexpr (Feat::kSoftcap) {
+        const float f = p.softcap_scale * qk_descale<true>(p, w.batch, w.head);
+        mainloop.scores.begin_rows(f * q_block_factor(p, w.batch, w.head, rows.q[0], seq.seqlen_q(p)),
+                                   f * q_block_factor(p, w.batch, w.head, rows.q[1], seq.seqlen_q(p)));
+      }
+      return Softmax(p, w.batch, w.head, rows.q, seq.seqlen_q(p));
     } else if constexpr (Feat::kSoftcap) {
       mainloop.scores.begin_tile(p, qk_descale<kFp8>(p, w.batch, w.head));
       return Softmax(p.scale_log2);

@@ -3,7 +3,8 @@
 // per tile, free in the loop), or with softcap the tanh's factor (score_mod.cuh); V as v / dv, so
 // O = dv (P V_8) / sum: dv joins the final 1/sum.
 // Block descales (a factor per block of positions: fa3_block_scales) go to the same places, per
-// row and per key block: Fp8Softmax below.
+// row and per key block: Fp8Softmax below, and with softcap the tanh's factors of
+// ScoreMod<true, true, true>.
 #pragma once
 #include "src/attention/fwd_params.h"
 #include "src/attention/softmax.cuh"
@@ -29,6 +30,14 @@ __device__ __forceinline__ float softmax_scale_log2(const FwdKernelParams& p, in
   if constexpr (kFp8)
     return p.scale_log2 * descale_of(p.q_descale, p, batch, head_q) * descale_of(p.k_descale, p, batch, head_q);
   else return p.scale_log2;
+}
+
+// Q's block factor of a query row at position `row` of its sequence: 1 without Q block descales
+// and for rows past the sequence (whose factors would lie past the array).
+__device__ __forceinline__ float q_block_factor(const FwdKernelParams& p, int batch, int head_q, int row, int seqlen_q) {
+  const fa3_block_scales& q = p.q_block;
+  const bool in = q.data != nullptr && row < seqlen_q;
+  return in ? q.data[batch * q.batch_stride + head_q * q.head_stride + row / q.block_size] : 1.f;
 }
 
 // What O's final 1/sum is multiplied by: dv for e4m3 operands.
@@ -60,7 +69,9 @@ __device__ __forceinline__ float output_descale(const FwdKernelParams& p, int ba
 // walked the factor arrays themselves before: ptxas kept the factors in uniform registers, so each
 // global load was waited for at once; block descales read 0.84-0.95 of per head then, perf-log
 // steps 99, 100 and 102.)
-template <int kBlockN, bool kLazy>
+// kSoftcap: Q's and K's factors (and dq dk) go inside the tanh (ScoreMod<true, true, true>, which
+// takes K's factor from the same slot), so the exp2 scale stays the problem's; V's shift as above.
+template <int kBlockN, bool kLazy, bool kSoftcap = false>
 struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kBlockScales=*/true> {
   using Base = OnlineSoftmax<kBlockN, kLazy, true>;
 
@@ -69,21 +80,20 @@ struct Fp8Softmax : OnlineSoftmax<kBlockN, kLazy, /*kBlockScales=*/true> {
   // rows: the positions of the thread's two rows in the sequence.
   __device__ __forceinline__ Fp8Softmax(const FwdKernelParams& p, int batch, int head_q, const int (&rows)[2],
                                         int seqlen_q)
-      : Base(softmax_scale_log2<true>(p, batch, head_q)) {
-    const fa3_block_scales& q = p.q_block;
+      : Base(kSoftcap ? p.scale_log2 : softmax_scale_log2<true>(p, batch, head_q)) {
+    if constexpr (!kSoftcap) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool in = q.data != nullptr && rows[h] < seqlen_q;
-      row_base[h] = this->scale_log2[h] *
-                    (in ? q.data[batch * q.batch_stride + head_q * q.head_stride + rows[h] / q.block_size] : 1.f);
+      for (int h = 0; h < 2; ++h) row_base[h] = this->scale_log2[h] * q_block_factor(p, batch, head_q, rows[h], seqlen_q);
     }
   }
 
   // Key block n's softmax starts: its scales and V's shift, from its K stage's slot (K's factor,
   // log2 of V's, 1 / V's: fwd_smem.cuh).
   __device__ __forceinline__ void begin_block(float4 f) {
-    this->scale_log2[0] = row_base[0] * f.x;
-    this->scale_log2[1] = row_base[1] * f.x;
+    if constexpr (!kSoftcap) {
+      this->scale_log2[0] = row_base[0] * f.x;
+      this->scale_log2[1] = row_base[1] * f.x;
+    }
     this->shift.log2_r = f.y;
     this->shift.inv_r = f.z;
   }

@@ -7,9 +7,8 @@
 //    d128 and d256 (e4m3: FwdFp8SplitConfig, per-head descales), for the problems split_plan()
 //    sends there (split_plan.h: decodes, explicit splits); its splits need the workspace, one
 //    split none;
-//  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen, each
-//    with and without block descales (WithBlockDescales), and with softcap (per-head descales
-//    only: the tanh would need each row's and key block's factor inside it).
+//  - e4m3 operands (FwdFp8Config: d64, d128, d256, other head dims padded) x mask x varlen x
+//    softcap, each with and without block descales (WithBlockDescales).
 // Other head-dim pairs run on the tile of the larger padded dim (TMA fills the other's columns
 // with zeros and drops O's extra columns). The same walk either launches the instantiation or
 // names it (hopper_fwd_instance: the tests check that every instantiation is reached and correct).
@@ -28,10 +27,8 @@ namespace fa3::detail {
 
 using attn::has_block_descales;
 
+// (A negative scale reaches the kernels as |scale| on -Q's copy: append_kv.h.)
 const char* hopper_fwd_unsupported_reason(const FwdProblem& f) {
-  const fa3_fwd_params& p = *f.p;
-  if (p.dtype == FA3_DTYPE_E4M3 && p.softcap > 0.f && has_block_descales(p))
-    return "fp8 inputs with softcap and block descales";
   if (!(f.scale > 0.f)) return "a non-positive softmax_scale";
   return nullptr;
 }
@@ -213,8 +210,9 @@ Status by_fp8_features(const FwdProblem& f, const Op& op) {
 }
 template <class Op>
 Status by_fp8(const FwdProblem& f, const Op& op) {
-  if (has_block_descales(*f.p)) return by_fp8_features<true, false>(f, op);  // (no softcap: hopper_fwd_unsupported_reason)
-  return f.p->softcap > 0.f ? by_fp8_features<false, true>(f, op) : by_fp8_features<false, false>(f, op);
+  const bool softcap = f.p->softcap > 0.f;
+  if (has_block_descales(*f.p)) return softcap ? by_fp8_features<true, true>(f, op) : by_fp8_features<true, false>(f, op);
+  return softcap ? by_fp8_features<false, true>(f, op) : by_fp8_features<false, false>(f, op);
 }
 
 template <class Op>

@@ -45,9 +45,9 @@ struct MainloopMma {
   static_assert(hopper::OperandTraits<Elem>::kBytes == Cfg::kOperandBytes, "the tile's operand size is Elem's");
   using Seq = SeqlenInfo<Feat::kVarlen>;
   // The score modifier; e4m3's holds the tile's descaled factor (score_mod.cuh), which the
-  // consumer sets with each tile's softmax (FwdConsumer::begin_tile_scores).
-  using Scores = ScoreMod<Feat::kSoftcap, kTransposeV>;
-  static_assert(!(Cfg::kBlockDescales && Feat::kSoftcap), "softcap with FP8 block descales: not built (fwd_dispatch.cpp)");
+  // consumer sets with each tile's softmax (FwdConsumer::begin_tile_scores); with block descales
+  // the rows' factors, times each key block's (s_done).
+  using Scores = ScoreMod<Feat::kSoftcap, kTransposeV, Cfg::kBlockDescales>;
   // The decode kernel's rows are pack-GQA rows (tile_rows.cuh): one warpgroup per tile there.
   static constexpr bool kPacked = Feat::kSplit;
   using Rows = TileRows<Cfg::kBlockM, kPacked>;
@@ -62,7 +62,8 @@ struct MainloopMma {
   static constexpr bool kCrossTile = (kSched & Schedule::kCrossTile) != 0 && kUseOverlap && Smem::kQStages == 2;
   static_assert(!Cfg::kOInKV || (kUseOverlap && !kCrossTile), "O in K/V stages: the overlap schedule's tile ends only");
   // Block descales (e4m3): the softmax with per-row scales that applies them (descale.cuh).
-  using Softmax = std::conditional_t<Cfg::kBlockDescales, Fp8Softmax<kN, kLazyRescale>, OnlineSoftmax<kN, kLazyRescale>>;
+  using Softmax = std::conditional_t<Cfg::kBlockDescales, Fp8Softmax<kN, kLazyRescale, Feat::kSoftcap>,
+                                     OnlineSoftmax<kN, kLazyRescale>>;
   // Middle blocks without kExpUnderPv under the lazy rescale: exponentials against the running max
   // first, the row max only where they could exceed 2^8 (OnlineSoftmax::exponentiate_stale).
   static constexpr bool kStaleMax = kLazyRescale && !kExpUnderPv;
@@ -328,14 +329,18 @@ struct MainloopMma {
     if constexpr (kSecond != kNoGemm) issue(std::integral_constant<int, kSecond>{}, false);
     if (kTurn) turn_pass();
   }
-  // S of the QK^T issued kPending groups ago is complete: the softmax takes the block's factors
-  // from its K stage (block descales), and the stage goes back (or is kept for O).
+  // S of the QK^T issued kPending groups ago is complete: the softmax (and with softcap the score
+  // modifier) takes the block's factors from its K stage (block descales), and the stage goes back
+  // (or is kept for O).
   template <int kPending>
   __device__ __forceinline__ void s_done(SFrag& s, bool keep_k, Softmax& softmax) {
     hopper::wgmma_wait<kPending>();
     hopper::fence_operand(s);
-    if constexpr (Cfg::kBlockDescales)
-      softmax.begin_block(hopper::ld_shared_f32x4(hopper::smem_u32(&smem.bars().k_factors[k_st.index])));
+    if constexpr (Cfg::kBlockDescales) {
+      const float4 f = hopper::ld_shared_f32x4(hopper::smem_u32(&smem.bars().k_factors[k_st.index]));
+      softmax.begin_block(f);
+      if constexpr (Feat::kSoftcap) scores.begin_block(f.x);
+    }
     release_or_keep(smem.bars().k, k_st, keep_k, k_last, Releasers::kK);
   }
   // The PV issued kPending groups ago has finished reading P and its V stage.
