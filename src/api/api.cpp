@@ -101,13 +101,14 @@ Status check_fwd_pointers(const fa3_fwd_params& p) {
   return ok();
 }
 
-// What the append's share of the workspace holds (append_kv.h), for messages.
+// What the append's share of the workspace holds (append_kv.h), for messages: the key counts (new
+// keys, left padding) and / or Q's copy (rotary, a negative scale), one of which every append has.
 std::string append_share_holds(const attn::AppendWorkspace& w) {
   std::string what = w.counts ? "the key counts" : "";
   if (w.copies_q())
-    what += std::string(what.empty() ? "" : " and ") + "q's copy" + (w.rotate_q ? " (rotated)" : "") +
+    what += std::string(w.counts ? " and " : "") + "q's copy" + (w.rotate_q ? " (rotated)" : "") +
             (w.negate_q ? " (negated: a negative softmax_scale)" : "");
-  return what.empty() ? "the packed keys' starts" : what;
+  return what;
 }
 
 // The workspace a validated call needs: the append's share, then the decode path's (split-KV partials).

@@ -18,6 +18,15 @@
 #include "src/fp8/quantize_fp8.h"
 
 namespace fa3::detail {
+
+int64_t element_bytes(fa3_dtype d) {
+  switch (d) {
+    case FA3_DTYPE_E4M3: return 1;
+    case FA3_DTYPE_FP32: return 4;
+    default: return 2;
+  }
+}
+
 namespace {
 
 using std::to_string;
@@ -41,13 +50,6 @@ std::string num(double x) {
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-int64_t element_bytes(fa3_dtype d) {
-  switch (d) {
-    case FA3_DTYPE_E4M3: return 1;
-    case FA3_DTYPE_FP32: return 4;
-    default: return 2;
-  }
-}
 
 // stride * extent, clamped so that absurd strides cannot wrap around into a passing comparison.
 int64_t span(int64_t stride, int64_t extent) {

@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "src/api/problem.h"
+#include "src/api/validate.h"
 #include "src/attention/append_kv.h"
 #include "src/hopper/elem.cuh"
 #include "src/hopper/launch.h"
@@ -26,14 +26,13 @@ constexpr int kWarps = 8;
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// x with its sign bit flipped: -x exactly (a NaN stays a NaN), in a 16-bit or 8-bit float.
+// x with its sign bit flipped: -x exactly (a NaN stays a NaN), in a 16-bit float.
 template <class T>
 __device__ T negated(T x) {
-  using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>;
-  static_assert(sizeof(T) == sizeof(Bits), "16-bit or 8-bit elements");
-  Bits b;
+  static_assert(sizeof(T) == 2, "fp16 / bf16 elements");
+  uint16_t b;
   memcpy(&b, &x, sizeof b);
-  b ^= Bits(1u << (8 * sizeof(Bits) - 1));
+  b ^= 0x8000u;
   memcpy(&x, &b, sizeof b);
   return x;
 }
@@ -201,8 +200,8 @@ AppendWorkspace append_workspace(const fa3_fwd_params& a) {
   w.counts = a.k_new.data != nullptr || a.leftpad_k != nullptr;
   w.cu_k = align256(w.counts ? size_t(a.batch) * sizeof(int) : 0);
   w.q = align256(w.cu_k + (a.leftpad_k != nullptr ? size_t(a.batch + 1) * sizeof(int) : 0));
-  const size_t elem = a.dtype == FA3_DTYPE_E4M3 ? 1 : 2;
-  const size_t q_bytes = w.copies_q() ? size_t(query_rows(a)) * a.heads_q * a.head_dim_qk * elem : 0;
+  const size_t q_bytes =
+      w.copies_q() ? size_t(query_rows(a)) * a.heads_q * a.head_dim_qk * size_t(detail::element_bytes(a.dtype)) : 0;
   w.bytes = align256(w.q + q_bytes);
   return w;
 }
@@ -245,7 +244,7 @@ fa3_fwd_params attention_params(const fa3_fwd_params& a, const AppendWorkspace& 
 
 // Q's negated copy without rotary (negate_q_kernel) into the workspace at w.q.
 Status launch_negate_q(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStream_t stream) {
-  const int elem = a.dtype == FA3_DTYPE_E4M3 ? 1 : 2;  // (head_dim_qk * elem: whole 16-byte chunks, validated)
+  const int elem = int(detail::element_bytes(a.dtype));  // (head_dim_qk * elem: whole 16-byte chunks, validated)
   const int chunks_per_head = a.head_dim_qk * elem / 16;
   const int64_t chunks = query_rows(a) * a.heads_q * chunks_per_head;
   if (chunks == 0) return Status();
