@@ -124,6 +124,7 @@ class FwdParams(ctypes.Structure):
         ("total_new", c_int32),
         ("leftpad_k", c_void_p),  # int32 [batch]: where each sequence's keys start in its cache rows, or None
         ("rotary_seqlens", c_void_p),  # int32 [batch]: the rotary position of each first new key, or None
+        ("sm_margin", c_int32),  # SMs the forward's persistent grid leaves free (0 = none)
     ]
 
 

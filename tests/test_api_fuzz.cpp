@@ -60,6 +60,7 @@ void pick(uint64_t& field, Rng& rng) {
 }
 void pick(uint32_t& field, Rng& rng) {  // struct_size: earlier versions' sizes, neighbours, limits
   constexpr uint32_t kSizes[] = {0, 1, uint32_t(FA3_FWD_PARAMS_SIZE_V1), uint32_t(FA3_FWD_PARAMS_SIZE_V5),
+                                 uint32_t(FA3_FWD_PARAMS_SIZE_V6),
                                  uint32_t(FA3_COMBINE_PARAMS_SIZE_V1), uint32_t(sizeof(fa3_fwd_params)),
                                  uint32_t(sizeof(fa3_bwd_params)), uint32_t(sizeof(fa3_fwd_params) + 8),
                                  std::numeric_limits<uint32_t>::max()};
@@ -116,7 +117,8 @@ struct Field {
       FA3_TENSOR_FIELDS(S, f v_new), FA3_FIELD(S, f seqlen_new), FA3_FIELD(S, f rotary_dim),                       \
       FA3_FIELD(S, f rotary_cos), FA3_FIELD(S, f rotary_sin), FA3_FIELD(S, f rotary_row_stride),                   \
       FA3_FIELD(S, f rotary_rows), FA3_FIELD(S, f rotary_interleaved), FA3_FIELD(S, f cu_seqlens_new),             \
-      FA3_FIELD(S, f total_new), FA3_FIELD(S, f leftpad_k), FA3_FIELD(S, f rotary_seqlens)
+      FA3_FIELD(S, f total_new), FA3_FIELD(S, f leftpad_k), FA3_FIELD(S, f rotary_seqlens),                      \
+      FA3_FIELD(S, f sm_margin)
 
 const std::vector<Field<fa3_fwd_params>>& fwd_fields() {
   static const std::vector<Field<fa3_fwd_params>> fields = {FA3_FWD_FIELDS(fa3_fwd_params, )};

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -310,6 +311,70 @@ TEST(FwdGpu, FreshHostThread) {
   }).join();
   ASSERT_TRUE(st.ok()) << st.message();
   expect_close(compare(download_outputs(d), ref::forward(d.prob, d.in), c.with_lse), c.name());
+}
+
+// sm_margin leaves SMs free while a persistent forward runs (fa3_c.h): a short forward on a
+// second stream, launched 2 ms into a ~10 ms one, finishes long before it with a margin of 8, and
+// not before most of it without one: every SM then holds one of the long call's CTAs until their
+// last tiles (an unmasked walk gives each the same number), and a CTA of either kernel takes most
+// of an SM's shared memory, so the short one's CTA finds no SM until they retire.
+TEST(FwdGpu, SmMarginLeavesSmsFree) {
+  FA3_REQUIRE_GPU();
+  struct Problem {
+    DeviceBuffer q, k, v, o;
+    FwdArgs a;
+  };
+  auto make = [](int batch, int seqlen) {  // bf16 d128, 16 heads, inputs of one finite value (timing only)
+    Problem p;
+    const size_t bytes = size_t(batch) * seqlen * 16 * 128 * 2;
+    for (DeviceBuffer* b : {&p.q, &p.k, &p.v, &p.o}) {
+      *b = DeviceBuffer(bytes);
+      b->fill_bytes(0x3c);
+    }
+    p.a.batch = batch;
+    p.a.seqlen_q = p.a.seqlen_k = seqlen;
+    p.a.heads_q = p.a.heads_kv = 16;
+    p.a.head_dim_qk = p.a.head_dim_v = 128;
+    p.a.q = fa3::bshd(p.q.get(), seqlen, 16, 128);
+    p.a.k = fa3::bshd(p.k.get(), seqlen, 16, 128);
+    p.a.v = fa3::bshd(p.v.get(), seqlen, 16, 128);
+    p.a.out = fa3::bshd(p.o.get(), seqlen, 16, 128);
+    return p;
+  };
+  Problem big = make(4, 16384), small = make(1, 256);  // ~60 tiles per SM; 32 short tiles
+  cudaStream_t sa = nullptr, sb = nullptr;
+  FA3_CUDA_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  FA3_CUDA_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+  cudaEvent_t a0, a1, b1;
+  for (cudaEvent_t* e : {&a0, &a1, &b1}) FA3_CUDA_CHECK(cudaEventCreate(e));
+  // The short call's end, as a share of the long call's time.
+  auto short_ends_at = [&](int margin, double* share) {
+    big.a.sm_margin = margin;
+    ASSERT_TRUE(fa3::forward(big.a, sa).ok());  // warm-up: the kernels' first-launch setup
+    ASSERT_TRUE(fa3::forward(small.a, sb).ok());
+    FA3_CUDA_CHECK(cudaDeviceSynchronize());
+    FA3_CUDA_CHECK(cudaEventRecord(a0, sa));
+    const Status st = fa3::forward(big.a, sa);
+    ASSERT_TRUE(st.ok()) << st.message();
+    FA3_CUDA_CHECK(cudaEventRecord(a1, sa));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_TRUE(fa3::forward(small.a, sb).ok());
+    FA3_CUDA_CHECK(cudaEventRecord(b1, sb));
+    FA3_CUDA_CHECK(cudaDeviceSynchronize());
+    float whole = 0, short_end = 0;
+    FA3_CUDA_CHECK(cudaEventElapsedTime(&whole, a0, a1));
+    FA3_CUDA_CHECK(cudaEventElapsedTime(&short_end, a0, b1));
+    *share = short_end / whole;
+    std::printf("sm_margin %d: the long call %.2f ms, the short one done at %.2f ms\n", margin, whole, short_end);
+  };
+  double with_margin = 0, without = 0;
+  short_ends_at(8, &with_margin);
+  short_ends_at(0, &without);
+  EXPECT_LT(with_margin, 0.5) << "with sm_margin 8 the short call should run beside the long one";
+  EXPECT_GT(without, 0.8) << "without a margin the short call should wait for the long one's CTAs";
+  for (cudaEvent_t e : {a0, a1, b1}) cudaEventDestroy(e);
+  cudaStreamDestroy(sa);
+  cudaStreamDestroy(sb);
 }
 
 // The public API refuses a host pointer passed as a tensor (it would fault inside the kernel);

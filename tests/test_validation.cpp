@@ -845,6 +845,7 @@ TEST_F(FwdValidation, StructSizesBeforeLaterFieldsAreAccepted) {
       "cu_seqlens_new");
   past_older_size_is_ignored(
       FA3_FWD_PARAMS_SIZE_V5, [](fa3_fwd_params& p) { p.leftpad_k = fake<const int32_t>(0x810001); }, "leftpad_k");
+  past_older_size_is_ignored(FA3_FWD_PARAMS_SIZE_V6, [](fa3_fwd_params& p) { p.sm_margin = -5; }, "sm_margin");
 }
 
 TEST_F(AppendValidation, WorkspaceHoldsTheKeyCountsAndTheRotatedQ) {
@@ -916,6 +917,17 @@ TEST_F(QuantizeValidation, BadArguments) {
 TEST_F(FwdValidation, NumSplitsNegative) {
   a.num_splits = -1;
   EXPECT_TRUE(Invalid(fa3::validate(a), "num_splits"));
+}
+
+// sm_margin: any SMs left free, none below zero; a margin of every SM still leaves the kernels one
+// (fa3_c.h), so it is valid too.
+TEST_F(FwdValidation, SmMargin) {
+  a.sm_margin = -1;
+  EXPECT_TRUE(Invalid(fa3::validate(a), "sm_margin"));
+  for (int margin : {0, 1, 131, 132, 1 << 30}) {
+    a.sm_margin = margin;
+    EXPECT_TRUE(Passes(fa3::validate(a))) << margin;
+  }
 }
 
 TEST_F(FwdValidation, NumSplitsUpTo128) {

@@ -222,6 +222,16 @@ typedef struct fa3_fwd_params {
    * Appended: callers built before them pass FA3_FWD_PARAMS_SIZE_V5. */
   const int32_t* leftpad_k;
   const int32_t* rotary_seqlens;
+
+  /* SMs left free (FlashAttention-3's sm_margin; 0 = none, >= 0): the forward's persistent
+   * attention kernels (prefill, decode) launch at most max(1, SMs - sm_margin) CTAs, one an SM, and
+   * automatic splits (num_splits = 0) are planned for that many, so that kernels on other streams
+   * (communication during context or tensor parallelism) find SMs free while the attention runs.
+   * Without it a persistent grid takes every SM until its last tile. The short kernels of a call
+   * (the append, the combine of split results) and the backward are not limited: their CTAs retire
+   * one tile each, which frees SMs as they go.
+   * Appended: callers built before it pass FA3_FWD_PARAMS_SIZE_V6 and have none. */
+  int32_t sm_margin;
 } fa3_fwd_params;
 
 /* The struct_size of fa3_fwd_params before the block descales (still accepted). */
@@ -234,6 +244,8 @@ typedef struct fa3_fwd_params {
 #define FA3_FWD_PARAMS_SIZE_V4 offsetof(fa3_fwd_params, cu_seqlens_new)
 /* The struct_size of fa3_fwd_params before the left padding and rotary positions (still accepted). */
 #define FA3_FWD_PARAMS_SIZE_V5 offsetof(fa3_fwd_params, leftpad_k)
+/* The struct_size of fa3_fwd_params before sm_margin (still accepted). */
+#define FA3_FWD_PARAMS_SIZE_V6 offsetof(fa3_fwd_params, sm_margin)
 
 /* Backward: given dO (and O, LSE from the forward) computes dQ, dK, dV. */
 typedef struct fa3_bwd_params {

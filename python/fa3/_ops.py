@@ -115,14 +115,15 @@ def fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k
         max_seqlen_q=0, max_seqlen_k=0, page_table=None, q_descale=None, k_descale=None,
         v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
         softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None, k_block_descale=None,
-        v_block_descale=None, q_block_size=0, kv_block_size=0, sinks=None):
+        v_block_descale=None, q_block_size=0, kv_block_size=0, sinks=None, sm_margin=0):
     """(out, softmax_lse) = fa3::fwd(...); differentiable in q, k, v and sinks (float32 [heads_q]
-    attention-sink logits), through out and softmax_lse."""
+    attention-sink logits), through out and softmax_lse. sm_margin: SMs the forward's persistent
+    grid leaves free (fa3_c.h; the backward's grid is not persistent and takes none)."""
     _require()
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
             page_table, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
             window_right, softcap, num_splits, deterministic, q_block_descale, k_block_descale,
-            v_block_descale, q_block_size, kv_block_size, sinks)
+            v_block_descale, q_block_size, kv_block_size, sinks, sm_margin)
     if torch.compiler.is_compiling():
         # Traced: the dispatcher's autograd kernel is what AOTAutograd records.
         return torch.ops.fa3.fwd.default(*args)
@@ -163,7 +164,7 @@ def fwd_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None,
                 rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0, softmax_scale=0.0,
                 causal=False, window_left=-1, window_right=-1, softcap=0.0, num_splits=0, sinks=None,
                 cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None, cache_leftpad=None,
-                rotary_seqlens=None):
+                rotary_seqlens=None, sm_margin=0):
     """(out, softmax_lse) = fa3::fwd_kvcache(...): k_new / v_new appended to the caches (in place) at
     cache_seqlens and rotated with q in the same fa3 call, then the attention. Packed queries
     (cu_seqlens_q, q [total_q, h, d]) and packed new keys (cu_seqlens_k_new, k_new [total_new, h_kv, d])
@@ -174,7 +175,7 @@ def fwd_kvcache(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens=None,
     return torch.ops.fa3.fwd_kvcache.default(
         q, k_cache, v_cache, k_new, v_new, cache_seqlens, rotary_cos, rotary_sin, rotary_interleaved,
         page_table, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, num_splits,
-        sinks, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, cache_leftpad, rotary_seqlens)
+        sinks, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, cache_leftpad, rotary_seqlens, sm_margin)
 
 
 # fa3_dtype codes of the combine's output dtype (fa3_c.h).
@@ -213,7 +214,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seq
               v_descale=None, softmax_scale=0.0, causal=False, window_left=-1, window_right=-1,
               softcap=0.0, num_splits=1, deterministic=False, q_block_descale=None,
               k_block_descale=None, v_block_descale=None, q_block_size=0, kv_block_size=0,
-              sinks=None):
+              sinks=None, sm_margin=0):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype)
     if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]
@@ -227,7 +228,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k_new=None, v_new=None, cache_seqlens
                       rotary_sin=None, rotary_interleaved=True, page_table=None, max_seqlen_k=0,
                       softmax_scale=0.0, causal=False, window_left=-1, window_right=-1, softcap=0.0,
                       num_splits=0, sinks=None, cu_seqlens_q=None, max_seqlen_q=0, cu_seqlens_k_new=None,
-                      cache_leftpad=None, rotary_seqlens=None):
+                      cache_leftpad=None, rotary_seqlens=None, sm_margin=0):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]), dtype=out_dtype)
     if cu_seqlens_q is not None:  # packed rows: LSE [heads, total_q]

@@ -7,8 +7,10 @@ flash_attn_interface`` works for code written against FlashAttention-3: BSHD ten
 What fa3 does not implement raises NotImplementedError naming the argument (``qv``, and a
 few combinations each function names); a backward through an FP8 or paged forward raises
 RuntimeError saying so. Tuning hints
-that fa3 does not need are accepted and have no effect: ``pack_gqa``, ``sm_margin``,
-``scheduler_metadata``.
+that fa3 does not need are accepted and have no effect: ``pack_gqa``, ``scheduler_metadata``.
+``sm_margin`` (SMs left free for kernels on other streams, e.g. communication) limits the
+forward's persistent grid; the backward's grid is not persistent (its CTAs free SMs as they retire)
+and takes no margin.
 """
 
 from __future__ import annotations
@@ -136,17 +138,17 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
             q, k, v, chunk, None, None, q.shape[1], k.shape[1], (q_descale, k_descale, v_descale),
             dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
                  softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
-                 sinks=_sinks(learnable_sink)))
+                 sinks=_sinks(learnable_sink), sm_margin=int(sm_margin)))
         return (out, lse) if return_attn_probs else out
     if (q_block_descale is not None or k_block_descale is not None or v_block_descale is not None
-            or learnable_sink is not None):
+            or learnable_sink is not None or sm_margin):
         out, lse = _ops.fwd(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
             softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
             softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
             q_block_descale=q_block_descale, k_block_descale=k_block_descale,
             v_block_descale=v_block_descale, q_block_size=int(q_block_size),
-            kv_block_size=int(kv_block_size), sinks=_sinks(learnable_sink))
+            kv_block_size=int(kv_block_size), sinks=_sinks(learnable_sink), sm_margin=int(sm_margin))
         return (out, lse) if return_attn_probs else out
     # Positional: the call every training step makes, kept lean (keywords cost ~1 us here).
     # (The operator copies a q/k/v whose head dim is not contiguous; scale 0 is fa3's default.)
@@ -185,7 +187,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             (q_descale, k_descale, v_descale),
             dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
                  softcap=float(softcap), num_splits=int(num_splits), deterministic=bool(deterministic),
-                 sinks=_sinks(learnable_sink)), seqused_q=seqused_q, seqused_k=seqused_k)
+                 sinks=_sinks(learnable_sink), sm_margin=int(sm_margin)), seqused_q=seqused_q, seqused_k=seqused_k)
         return (out, lse) if return_attn_probs else out
     out, lse = _ops.fwd(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q,
@@ -193,7 +195,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         max_seqlen_k=int(max_seqlen_k or 0), q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale, softmax_scale=_scale(softmax_scale), causal=bool(causal),
         window_left=wl, window_right=wr, softcap=float(softcap), num_splits=int(num_splits),
-        deterministic=bool(deterministic), sinks=_sinks(learnable_sink))
+        deterministic=bool(deterministic), sinks=_sinks(learnable_sink), sm_margin=int(sm_margin))
     return (out, lse) if return_attn_probs else out
 
 
@@ -349,7 +351,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                 q, k_cache, v_cache, k, v, seqused_k, rotary_cos, rotary_sin, bool(rotary_interleaved),
                 page_table, int(seqlen_k) if page_table is not None else 0, _scale(softmax_scale), bool(causal),
                 wl, wr, float(softcap), int(num_splits), _sinks(learnable_sink), cu_seqlens_q,
-                int(max_seqlen_q or 0), cu_seqlens_k_new, cache_leftpad, rotary_seqlens)
+                int(max_seqlen_q or 0), cu_seqlens_k_new, cache_leftpad, rotary_seqlens, int(sm_margin))
         return (out, lse) if return_softmax_lse else out
     if cu_seqlens_k_new is not None:
         raise _not_supported("cu_seqlens_k_new", "packed new keys with e4m3, attention_chunk or off the GPU")
@@ -368,7 +370,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                                   rotary_sin, rotary_seqlens, bool(rotary_interleaved), local)
 
     kwargs = dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
-                  softcap=float(softcap), num_splits=int(num_splits), sinks=_sinks(learnable_sink))
+                  softcap=float(softcap), num_splits=int(num_splits), sinks=_sinks(learnable_sink),
+                  sm_margin=int(sm_margin))
     if chunked:  # (after the append, which writes at cache_seqlens from row 0)
         out, lse = _kvcache_chunked(q, k_cache, v_cache, chunk, cu_seqlens_q, max_seqlen_q, seqused_k, int(seqlen_k),
                                     page_table, cache_leftpad, entries, (q_descale, k_descale, v_descale), kwargs)

@@ -595,6 +595,18 @@ def test_operator_errors_name_the_argument(make, match):
         _ops.fwd(q, k, v)
 
 
+def test_sm_margin_leaves_the_outputs_unchanged():
+    """sm_margin changes which SMs run the forward's tiles, not what a tile computes (one CTA's
+    work whatever the grid): outputs bitwise equal with any margin, a negative one refused by name."""
+    q, k, v = (rand(2, 1000, 8, 128, dtype=torch.bfloat16) for _ in range(3))
+    for causal in (False, True):
+        ref = fa3.flash_attn_func(q, k, v, causal=causal)
+        for margin in (1, 100, 10**6):
+            assert torch.equal(fa3.flash_attn_func(q, k, v, causal=causal, sm_margin=margin), ref)
+    with pytest.raises(RuntimeError, match="sm_margin must be >= 0"):
+        fa3.flash_attn_func(q, k, v, sm_margin=-1)
+
+
 def test_sizes_past_int32_are_refused_by_name():
     # fa3's sizes are int32: a Python int past it is refused, not wrapped (2**32 + 64 would wrap to 64).
     q = rand(2, 64, 4, 64, dtype=torch.bfloat16).reshape(128, 4, 64)

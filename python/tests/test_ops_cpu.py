@@ -117,6 +117,31 @@ def test_autograd_reaches_every_input_through_out_and_lse(monkeypatch):
 
 
 @needs_lib
+def test_sm_margin_reaches_the_forward_operators(monkeypatch):
+    """FlashAttention-3's sm_margin (SMs the forward's persistent grid leaves free, fa3_c.h) goes
+    from each function to the forward operator; the operators' schemas take it."""
+    for op in (torch.ops.fa3.fwd, torch.ops.fa3.fwd_kvcache):
+        assert "int sm_margin=0" in str(op.default._schema)
+    seen = []
+    real = _ops.fwd
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["sm_margin"] if "sm_margin" in kwargs else args[26] if len(args) > 26 else 0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "fwd", spy)
+    q, k, v = meta(2, 17, 8, 64), meta(2, 40, 2, 64), meta(2, 40, 2, 64)
+    fa3.flash_attn_func(q, k, v, causal=True, sm_margin=6)
+    fa3.flash_attn_func(q, k, v, causal=True)
+    cu_q = torch.tensor([0, 17], dtype=torch.int32, device="meta")
+    cu_k = torch.tensor([0, 40], dtype=torch.int32, device="meta")
+    fa3.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 17, 40, sm_margin=5)
+    fa3.flash_attn_with_kvcache(q, k, v, sm_margin=4)  # (meta tensors: the operator path without the append)
+    fa3.flash_attn_qkvpacked_func(meta(2, 17, 3, 8, 64), sm_margin=3)
+    assert seen == [6, 0, 5, 4, 3]
+
+
+@needs_lib
 def test_qkvpacked_views_share_one_gradient():
     qkv = meta(2, 9, 3, 4, 64, grad=True)
     fa3.flash_attn_qkvpacked_func(qkv, causal=True).sum().backward()

@@ -327,7 +327,7 @@ const fa3_fwd_params* current_layout(const fa3_fwd_params* p, fa3_fwd_params& co
   return current_layout<fa3_fwd_params, fa3_fwd_params_init>(
       p, copy,
       {FA3_FWD_PARAMS_SIZE_V1, FA3_FWD_PARAMS_SIZE_V2, FA3_FWD_PARAMS_SIZE_V3, FA3_FWD_PARAMS_SIZE_V4,
-       FA3_FWD_PARAMS_SIZE_V5});
+       FA3_FWD_PARAMS_SIZE_V5, FA3_FWD_PARAMS_SIZE_V6});
 }
 const fa3_combine_params* current_layout(const fa3_combine_params* p, fa3_combine_params& copy) {
   return current_layout<fa3_combine_params, fa3_combine_params_init>(p, copy, {FA3_COMBINE_PARAMS_SIZE_V1});

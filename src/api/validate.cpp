@@ -452,6 +452,8 @@ Status check_splits(const fa3_fwd_params& p) {
     return invalid("num_splits must be >= 0 (0 = automatic, 1 = no split); got " + to_string(p.num_splits));
   if (p.num_splits > attn::kMaxCombineSplits)
     return invalid("num_splits must be <= " + to_string(attn::kMaxCombineSplits) + "; got " + to_string(p.num_splits));
+  // Any margin up to the SM count's is meaningful; a larger one leaves the kernels one SM.
+  if (p.sm_margin < 0) return invalid("sm_margin must be >= 0 (SMs left free; 0 = none); got " + to_string(p.sm_margin));
   return ok();
 }
 

@@ -54,6 +54,14 @@ inline MapExtents map_extents(const fa3_fwd_params& a, bool varlen) {
 
 using hopper::sm_count;
 
+// The CTAs a persistent forward grid may take (one an SM): the SMs less the caller's sm_margin
+// (fa3_c.h), at least one.
+inline Status persistent_ctas(const fa3_fwd_params& a, int* ctas) {
+  FA3_TRY(sm_count(ctas));
+  *ctas = *ctas > a.sm_margin ? *ctas - a.sm_margin : 1;
+  return Status();
+}
+
 // Shape, windows and the exp2 scales: softcap's factor c joins scale_log2 (exp2 of
 // c * log2(e) * tanh(scale * s / c), score_mod.cuh), else scale * log2(e).
 inline void set_problem_params(FwdKernelParams& p, const detail::FwdProblem& f, bool softcap) {

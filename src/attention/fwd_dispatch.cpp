@@ -123,13 +123,14 @@ int split_key_block(int head_dim) {
                         : head_dim == 128 ? attn::FwdSplitConfig<128>::kBlockN : attn::FwdSplitConfig<256>::kBlockN;
 }
 
-// The decode plan (split_plan.h). The SM count (a CUDA call) only for num_splits = 0.
+// The decode plan (split_plan.h). The SM count (a CUDA call) only for num_splits = 0: the SMs the
+// decode grid may take (less sm_margin).
 Status decode_plan(const FwdProblem& f, attn::SplitPlan* plan) {
   *plan = {};
   const fa3_fwd_params& a = *f.p;
   if (!attn::takes_decode_path(a)) return Status();
   int sms = 0;
-  if (a.num_splits == 0) FA3_TRY(attn::sm_count(&sms));
+  if (a.num_splits == 0) FA3_TRY(attn::persistent_ctas(a, &sms));
   *plan = attn::split_plan(a, split_key_block(split_head_dim_of(f)), sms);
   return Status();
 }

@@ -128,9 +128,9 @@ Status launch_fwd(const detail::FwdProblem& f, cudaStream_t stream) {
     p.v_block = a.v_block_descale;
   }
 
-  int sms = 0;
-  FA3_TRY(sm_count(&sms));
-  const int grid = std::min(p.num_tiles, sms);
+  int ctas = 0;
+  FA3_TRY(persistent_ctas(a, &ctas));
+  const int grid = std::min(p.num_tiles, ctas);
   const int num_bh = a.batch * a.heads_q;
   p.pair_rounds = pair_rounds(num_bh, p.num_m_blocks, grid, pair_slack(num_bh, p.num_m_blocks, grid));
   FA3_TRY((hopper::launch<fwd_kernel<Elem, Cfg, Feat>>(grid, FwdLaunchShape<Cfg>::kThreads, FwdSmem<Cfg>::kBytes,

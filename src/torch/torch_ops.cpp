@@ -297,7 +297,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
                                bool /*deterministic: read by the autograd formula's backward*/,
                                OptTensor q_block_descale, OptTensor k_block_descale,
                                OptTensor v_block_descale, int64_t q_block_size, int64_t kv_block_size,
-                               OptTensor sinks) {
+                               OptTensor sinks, int64_t sm_margin) {
   q = tma_readable(q);
   k = tma_readable(k);
   v = tma_readable(v);
@@ -355,6 +355,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, OptTensor cu_seqlen
   }
   a.num_splits = int32_arg(num_splits, "num_splits");
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
+  a.sm_margin = int32_arg(sm_margin, "sm_margin");
 
   return run_forward(p, "fwd");
 }
@@ -371,7 +372,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
                                        double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
                                        double softcap, int64_t num_splits, OptTensor sinks, OptTensor cu_seqlens_q,
                                        int64_t max_seqlen_q, OptTensor cu_seqlens_k_new, OptTensor cache_leftpad,
-                                       OptTensor rotary_seqlens) {
+                                       OptTensor rotary_seqlens, int64_t sm_margin) {
   q = tma_readable(q);
   Problem p = make_problem(q, k_cache, v_cache, cu_seqlens_q, std::nullopt, std::nullopt, std::nullopt, max_seqlen_q,
                            max_seqlen_k, page_table, softmax_scale, causal, window_left, window_right, softcap);
@@ -421,6 +422,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
   a.rotary_seqlens = int32_vector(rotary_seqlens, "rotary_seqlens", a.batch, p.device);
   a.num_splits = int32_arg(num_splits, "num_splits");
   a.sinks = heads_vector(sinks, "sinks", a.heads_q, p.device);
+  a.sm_margin = int32_arg(sm_margin, "sm_margin");
   return run_forward(p, "fwd_kvcache");
 }
 
@@ -591,7 +593,8 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? v_descale=None, float softmax_scale=0.0, bool causal=False, int window_left=-1, "
         "int window_right=-1, float softcap=0.0, int num_splits=1, bool deterministic=False, "
         "Tensor? q_block_descale=None, Tensor? k_block_descale=None, Tensor? v_block_descale=None, "
-        "int q_block_size=0, int kv_block_size=0, Tensor? sinks=None) -> (Tensor out, Tensor softmax_lse)");
+        "int q_block_size=0, int kv_block_size=0, Tensor? sinks=None, int sm_margin=0) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, int max_seqlen_q=0, int max_seqlen_k=0, float softmax_scale=0.0, "
@@ -603,7 +606,8 @@ STABLE_TORCH_LIBRARY(fa3, m) {
         "Tensor? page_table=None, int max_seqlen_k=0, float softmax_scale=0.0, bool causal=False, "
         "int window_left=-1, int window_right=-1, float softcap=0.0, int num_splits=0, Tensor? sinks=None, "
         "Tensor? cu_seqlens_q=None, int max_seqlen_q=0, Tensor? cu_seqlens_k_new=None, "
-        "Tensor? cache_leftpad=None, Tensor? rotary_seqlens=None) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? cache_leftpad=None, Tensor? rotary_seqlens=None, int sm_margin=0) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, int out_dtype) -> (Tensor out, Tensor lse)");
   m.def("quantize_fp8(Tensor x, int block_size=128, bool hadamard=False, int seed=0) "
         "-> (Tensor out, Tensor descale)");
