@@ -37,7 +37,7 @@ class ReferenceBlocks:
     """fa3.distributed.blocks.Fa3Blocks' two methods in float64 PyTorch (CPU or GPU)."""
 
     @staticmethod
-    def forward(q, k, v, q_rows, kv_rows, *, causal, scale, softcap):
+    def forward(q, k, v, q_rows, kv_rows, *, causal, scale, softcap, sm_margin=0):
         packed = q_rows.packed
         out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float64, device=q.device)
         lse = torch.full((q.shape[-2], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1]),

@@ -171,6 +171,31 @@ def test_thread_ring_matches_whole_sequence_attention(world, causal, layout, pac
                              q, k, v, dout, cu, causal, softcap, layout, scale)
 
 
+def test_ring_steps_take_the_sm_margin():
+    """Every forward step of the ring gets the spec's sm_margin (the SMs its transfers need beside the
+    attention); the backward's block calls take none (their grid is not persistent)."""
+    seen = []
+
+    class Spy(ReferenceBlocks):
+        @staticmethod
+        def forward(*args, sm_margin=0, **kw):
+            seen.append(sm_margin)
+            return ReferenceBlocks.forward(*args, **kw)
+
+    world = 3
+    q, k, v, _, cu = _problem(5, world, "zigzag", False)
+    ring = ThreadRing(world)
+
+    def rank_fn(r):
+        ql, kl, vl = (_local(x, cu, world, r, "zigzag") for x in (q, k, v))
+        spec = RingSpec(exchange=ring.exchange(r), rows=_rows(ql, cu, world, "zigzag"), causal=False,
+                        layout="zigzag", scale=0.3, blocks=Spy, sm_margin=6)
+        return ring_forward(ql, kl, vl, spec)
+
+    ring.run(rank_fn)
+    assert seen == [6] * (world * world)
+
+
 def _packing(q_local, cu, world):
     local = cp.local_cu_seqlens(cu, world, "contiguous")
     return Packing(local, int((local[1:] - local[:-1]).max()), q_local.shape[0], world)
@@ -303,6 +328,10 @@ def test_public_functions_check_their_arguments():
         cp.hybrid_attn_func(q, q, q, None, None, layout="striped")
     with pytest.raises(ValueError, match="softmax_scale"):
         cp.ring_attn_func(q, q, q, softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="sm_margin"):
+        cp.ring_attn_func(q, q, q, sm_margin=-1)
+    with pytest.raises(ValueError, match="sm_margin"):
+        cp.hybrid_attn_func(q, q, q, None, None, sm_margin=-2)
 
 
 def test_fa3_blocks_backward_reads_like_flash_attn_func(monkeypatch):

@@ -62,16 +62,22 @@ def _check_cu_seqlens(cu_seqlens, q) -> None:
                          f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")
 
 
-def _run(q, k, v, rows, *, softmax_scale, causal, softcap, group, layout, deterministic):
-    scale = _scale(softmax_scale, q.shape[-1])
+def _sm_margin(sm_margin) -> int:
+    if int(sm_margin) < 0:
+        raise ValueError(f"fa3.distributed: sm_margin: expected SMs to leave free (>= 0), got {sm_margin}")
+    return int(sm_margin)
+
+
+def _run(q, k, v, rows, *, softmax_scale, causal, softcap, group, layout, deterministic, sm_margin):
+    scale, margin = _scale(softmax_scale, q.shape[-1]), _sm_margin(sm_margin)
     spec = RingSpec(exchange=RingExchange(group), rows=rows, causal=causal, layout=layout, scale=scale,
-                    softcap=float(softcap), deterministic=deterministic)
+                    softcap=float(softcap), deterministic=deterministic, sm_margin=margin)
     return RingAttention.apply(q, k, v, spec)
 
 
 def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
                    causal: bool = False, softcap: float = 0.0, group=None, layout: str = "zigzag",
-                   deterministic: bool = False, return_lse: bool = False):
+                   deterministic: bool = False, return_lse: bool = False, sm_margin: int = 0):
     """Attention of this rank's shards q, k, v [batch, seqlen_local, heads, head_dim] (each rank's
     from :func:`shard` with the same ``layout``) over the whole sequence held by ``group``.
 
@@ -79,20 +85,24 @@ def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     [batch, heads, seqlen_local], natural log, with ``return_lse``; not differentiable, unlike flash_attn_func's). Differentiable in q, k, v; the
     backward is a ring of its own. GQA/MQA, softcap and fa3's head dims and dtypes (fp16/bf16) as
     in :func:`fa3.flash_attn_func`; sliding windows are not offered (a window spans shards).
+    ``sm_margin``: SMs each step's forward leaves free (as flash_attn_func's), so that the transfer of
+    the next K/V shard (NCCL's kernels) runs beside the attention: a persistent forward grid holds every
+    SM until its last tile otherwise. Leave at least the SMs the transfers' kernels take (NCCL's
+    channels between the two peers); the backward's grid frees SMs as its CTAs retire.
     """
     _check_shards(q, k, v, 1, layout)
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"fa3.distributed: the zigzag layout holds two equal chunks per rank: seqlen_local "
                          f"{q.shape[1]} must be even")
     out, lse = _run(q, k, v, ShardRows(seqlen=q.shape[1]), softmax_scale=softmax_scale, causal=causal,
-                    softcap=softcap, group=group, layout=layout, deterministic=deterministic)
+                    softcap=softcap, group=group, layout=layout, deterministic=deterministic, sm_margin=sm_margin)
     return (out, lse) if return_lse else out
 
 
 def ring_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                           max_seqlen: int, softmax_scale: Optional[float] = None, causal: bool = False,
                           softcap: float = 0.0, group=None, layout: str = "zigzag", deterministic: bool = False,
-                          return_lse: bool = False):
+                          return_lse: bool = False, sm_margin: int = 0):
     """:func:`ring_attn_func` for packed sequences: q, k, v [total_local, heads, head_dim] from
     :func:`shard_varlen`, ``cu_seqlens`` this rank's (int32, :func:`local_cu_seqlens` of the
     global ones) and ``max_seqlen`` its longest shard of a sequence. LSE: [heads, total_local]."""
@@ -103,7 +113,7 @@ def ring_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                          f"rank: max_seqlen {max_seqlen} must be even (every local length is)")
     rows = ShardRows(cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), total=q.shape[0])
     out, lse = _run(q, k, v, rows, softmax_scale=softmax_scale, causal=causal, softcap=softcap, group=group,
-                    layout=layout, deterministic=deterministic)
+                    layout=layout, deterministic=deterministic, sm_margin=sm_margin)
     return (out, lse) if return_lse else out
 
 
@@ -155,8 +165,9 @@ def ulysses_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 def _hybrid(q, k, v, head_group, ring_group, *, cu_seqlens, max_seqlen, softmax_scale, causal, softcap, layout,
-            deterministic, name):
+            deterministic, name, sm_margin):
     """The grid's call on BSHD parts (cu_seqlens None) or packed ones."""
+    margin = _sm_margin(sm_margin)
     heads = _head_exchange(head_group, q, k, name)
     w = heads.world
     ring_len = (q.shape[1] if cu_seqlens is None else max_seqlen) * w  # (packed: the longest ring shard)
@@ -165,29 +176,31 @@ def _hybrid(q, k, v, head_group, ring_group, *, cu_seqlens, max_seqlen, softmax_
                          f"({ring_len // w} x the head group's {w} ranks) must be even")
     spec = grid_spec(RingExchange(ring_group), heads, q, layout=layout, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                      causal=causal, scale=_scale(softmax_scale, q.shape[-1]), softcap=float(softcap),
-                     deterministic=deterministic)
+                     deterministic=deterministic, sm_margin=margin)
     return HybridAttention.apply(q, k, v, spec)
 
 
 def hybrid_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_group, ring_group,
                      softmax_scale: Optional[float] = None, causal: bool = False, softcap: float = 0.0,
-                     layout: str = "zigzag", deterministic: bool = False, return_lse: bool = False):
+                     layout: str = "zigzag", deterministic: bool = False, return_lse: bool = False,
+                     sm_margin: int = 0):
     """Attention over a sequence split across a grid of rings x head groups (:func:`grid_groups`):
     q, k, v [batch, seqlen_local, heads, head_dim] are this rank's part (:func:`shard_2d`), heads_q and
     heads_kv multiples of the head group's size. The head group exchanges heads (two all-to-alls), the
     ring the K/V shards of the gathered ring shard. Returns the output part (and its LSE [batch, heads,
-    seqlen_local] with ``return_lse``); differentiable in q, k, v."""
+    seqlen_local] with ``return_lse``); differentiable in q, k, v. ``sm_margin`` as
+    :func:`ring_attn_func`'s (the ring's steps)."""
     _check_shards(q, k, v, 1, layout)
     out, lse = _hybrid(q, k, v, head_group, ring_group, cu_seqlens=None, max_seqlen=0, softmax_scale=softmax_scale,
                        causal=causal, softcap=softcap, layout=layout, deterministic=deterministic,
-                       name="hybrid_attn_func")
+                       name="hybrid_attn_func", sm_margin=sm_margin)
     return (out, lse) if return_lse else out
 
 
 def hybrid_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                             max_seqlen: int, head_group, ring_group, softmax_scale: Optional[float] = None,
                             causal: bool = False, softcap: float = 0.0, layout: str = "zigzag",
-                            deterministic: bool = False, return_lse: bool = False):
+                            deterministic: bool = False, return_lse: bool = False, sm_margin: int = 0):
     """:func:`hybrid_attn_func` for packed sequences: q, k, v [total_local, heads, head_dim] from
     :func:`shard_2d` with ``cu_seqlens``, this rank's ``cu_seqlens`` (int32, :func:`local_cu_seqlens_2d`)
     and ``max_seqlen`` its longest part of a sequence. LSE: [heads, total_local]."""
@@ -195,5 +208,5 @@ def hybrid_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     _check_cu_seqlens(cu_seqlens, q)
     out, lse = _hybrid(q, k, v, head_group, ring_group, cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen),
                        softmax_scale=softmax_scale, causal=causal, softcap=softcap, layout=layout,
-                       deterministic=deterministic, name="hybrid_attn_varlen_func")
+                       deterministic=deterministic, name="hybrid_attn_varlen_func", sm_margin=sm_margin)
     return (out, lse) if return_lse else out

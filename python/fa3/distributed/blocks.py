@@ -28,8 +28,9 @@ def _seq_args(q_rows: Rows, kv_rows: Rows) -> dict:
 
 class Fa3Blocks:
     @staticmethod
-    def forward(q, k, v, q_rows: Rows, kv_rows: Rows, *, causal: bool, scale: float, softcap: float):
-        out, lse = _ops.fwd(q, k, v, softmax_scale=scale, causal=causal, softcap=softcap,
+    def forward(q, k, v, q_rows: Rows, kv_rows: Rows, *, causal: bool, scale: float, softcap: float,
+                sm_margin: int = 0):
+        out, lse = _ops.fwd(q, k, v, softmax_scale=scale, causal=causal, softcap=softcap, sm_margin=sm_margin,
                             **_seq_args(q_rows, kv_rows))
         return out, lse
 
@@ -53,4 +54,7 @@ class BlockOptions:
     scale: float
     softcap: float = 0.0
     deterministic: bool = False
+    # SMs each block's forward leaves free (fa3_c.h's sm_margin): the ring's transfer kernels run
+    # beside the attention only on SMs that its persistent grid does not hold.
+    sm_margin: int = 0
     blocks: Any = Fa3Blocks  # forward/backward of one block (the tests pass a float64 stand-in)

@@ -45,7 +45,7 @@ def ring_forward(q, k, v, spec: RingSpec):
         if plan is not None:
             qr, kr = spec.rows[plan.q_rows], spec.rows[plan.kv_rows]
             o, l = spec.blocks.forward(qr.take(q), kr.take(k_cur), kr.take(v_cur), qr, kr, causal=plan.causal,
-                                       scale=spec.scale, softcap=spec.softcap)
+                                       scale=spec.scale, softcap=spec.softcap, sm_margin=spec.sm_margin)
             if t == 0:  # the own shard, every row (step_plan): the running result starts as it
                 if W == 1:
                     return o, l
