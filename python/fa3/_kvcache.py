@@ -9,33 +9,58 @@ from typing import Optional
 import torch
 
 
-def append_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], pos: torch.Tensor,
-                 new: torch.Tensor) -> None:
-    """new [b, s_new, h, d] written into cache (contiguous [b, len, h, d] or paged [pages, page_size,
-    h, d] behind page_table) at positions pos [b, s_new], as fa3's append kernel does: a position
-    outside the cache (cache_seqlens past its length, or negative: a broken contract that cannot be
-    checked without a sync) writes nothing, where indexing with it would raise a device-side assert
-    that poisons the CUDA context. Token by token, an invalid row rewriting the value its clamped row
-    holds at that moment: positions grow with the token, so no later valid write of that row is
-    undone. Page-table entries are the caller's contract, as for every fa3 call (clamped here only
-    so that indexing cannot fault)."""
-    b, s_new = pos.shape
+def packed_rows(cu_seqlens: torch.Tensor, total: int):
+    """(sequence, index within it) of each of `total` packed rows, int64, from int32 [batch + 1]
+    cumulative counts (on their device: no sync). Rows past cu_seqlens[batch] belong to the last
+    sequence, at indices past its count (they are not its rows: callers compare with the count)."""
+    rows = torch.arange(total, device=cu_seqlens.device)
+    cu = cu_seqlens.long()
+    seq = torch.searchsorted(cu[1:], rows, right=True).clamp(max=cu.shape[0] - 2)
+    return seq, rows - cu[seq]
+
+
+def write_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], seq: torch.Tensor, index: torch.Tensor,
+               base: torch.Tensor, counts: torch.Tensor, first: torch.Tensor, new: torch.Tensor) -> None:
+    """Rows new [n, h, d] into cache (contiguous [b, len, h, d] or paged [pages, page_size, h, d]
+    behind page_table): row r is row index[r] of sequence seq[r] (int64 [n]), whose counts[s] new
+    rows (rows first[s] ..  of new) go to positions base[s] + 0 .. counts[s] - 1, as fa3's append
+    kernel writes them. A position outside the cache (cache_seqlens past its length, or negative: a
+    broken contract that cannot be checked without a sync) writes nothing, where indexing with it
+    would raise a device-side assert that poisons the CUDA context; and a row past its sequence's
+    count is not one of its rows. One scatter: every row writes at its position clamped into the
+    cache the value that position ends with — the new row whose position it is, or what it held —
+    so rows that meet at a clamped position all write the same value. Page-table entries are the
+    caller's contract, as for every fa3 call (clamped here only so that indexing cannot fault)."""
+    base, counts, first = base.long()[seq], counts.long()[seq], first.long()[seq]
     if page_table is not None:
         page_size, width = cache.shape[1], page_table.shape[1]
-        ok = (pos >= 0) & (pos < width * page_size)
-        slot = pos.clamp(0, width * page_size - 1).div(page_size, rounding_mode="floor")
-        pages = torch.gather(page_table.long(), 1, slot).clamp(0, cache.shape[0] - 1)
-        index = (pages, pos.remainder(page_size))
+        at = (base + index).clamp(0, width * page_size - 1)
+        pages = page_table.long()[seq, at.div(page_size, rounding_mode="floor")].clamp(0, cache.shape[0] - 1)
+        where = (pages, at.remainder(page_size))
     else:
-        ok = (pos >= 0) & (pos < cache.shape[1])
-        index = (torch.arange(b, device=pos.device)[:, None].expand_as(pos), pos.clamp(0, cache.shape[1] - 1))
+        at = (base + index).clamp(0, cache.shape[1] - 1)
+        where = (seq, at)
+    own = at - base  # the index, within the sequence, of the row whose position `at` is
+    has_row = (own >= 0) & (own < counts)
+    source = (first + own).clamp(0, new.shape[0] - 1)
     # (bytes for one-byte caches: torch.where on float8 is not every backend's)
     raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
     new = new.to(cache.dtype)
     new = new.view(torch.uint8) if cache.element_size() == 1 else new
-    for i in range(s_new):
-        at = (index[0][:, i], index[1][:, i])
-        raw[at] = torch.where(ok[:, i, None, None], new[:, i], raw[at])
+    raw[where] = torch.where(has_row[:, None, None], new[source], raw[where])
+
+
+def append_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], pos: torch.Tensor,
+                new: torch.Tensor) -> None:
+    """Dense new rows [b, s_new, h, d] into cache at positions pos [b, s_new], consecutive in each
+    sequence (pos[:, 0] + i): write_rows on them."""
+    b, s_new = pos.shape
+    dev = pos.device
+    seq = torch.arange(b, device=dev).repeat_interleave(s_new)
+    index = torch.arange(s_new, device=dev).repeat(b)
+    counts = torch.full((b,), s_new, dtype=torch.long, device=dev)
+    write_rows(cache, page_table, seq, index, pos[:, 0], counts, torch.arange(b, device=dev) * s_new,
+               new.reshape(b * s_new, *new.shape[2:]))
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -56,31 +81,52 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
 def append_and_rotate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                       v: Optional[torch.Tensor], page_table: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
                       rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
-                      rotary_seqlens: Optional[torch.Tensor], interleaved: bool, local_queries: bool):
-    """Dense q [b, s_q, h, d] and new keys k, v [b, s_new, h_kv, d] (or None): k rotated and k, v
-    written into the caches at each sequence's seqused_k (None: 0); q rotated, at those positions +
-    i where local_queries (causal, windows, chunks: FlashAttention-3's rule), else all at them.
-    Rotary positions start at rotary_seqlens where given (the write positions do not move);
-    positions past the tables read their last row, as fa3's append kernel. Returns (q, seqused_k
-    after the append)."""
-    batch, dev = q.shape[0], q.device
+                      rotary_seqlens: Optional[torch.Tensor], interleaved: bool, local_queries: bool,
+                      cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k_new: Optional[torch.Tensor] = None):
+    """q [b, s_q, h, d] (packed [total_q, h, d] with cu_seqlens_q) and new keys k, v [b, s_new, h_kv,
+    d] (packed [total_new, h_kv, d] with cu_seqlens_k_new; or None): k rotated and k, v written into
+    the caches at each sequence's seqused_k (None: 0); q rotated, at those positions + i where
+    local_queries (causal, windows, chunks: FlashAttention-3's rule), else all at them. Rotary
+    positions start at rotary_seqlens where given (the write positions do not move); positions past
+    the tables read their last row, as fa3's append kernel. Returns (q, seqused_k after the append)."""
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+    dev = q.device
     base = seqused_k if seqused_k is not None else torch.zeros(batch, dtype=torch.int32, device=dev)
-    rotary_base = rotary_seqlens if rotary_seqlens is not None else base
+    rotary_base = (rotary_seqlens if rotary_seqlens is not None else base).long()
+
+    def table_rows(seq, index):  # rotary table rows of (sequence, index) pairs
+        return (rotary_base[seq] + index).clamp(0, rotary_cos.shape[0] - 1)
+
     if k is not None:
-        steps = torch.arange(k.shape[1], device=dev)[None, :]
-        pos = base.long()[:, None] + steps  # [b, s_new]
+        if cu_seqlens_k_new is not None:
+            seq, index = packed_rows(cu_seqlens_k_new, k.shape[0])
+            counts = (cu_seqlens_k_new[1:] - cu_seqlens_k_new[:-1]).long()
+            first = cu_seqlens_k_new[:-1].long()
+            rows_k = k
+        else:
+            s_new = k.shape[1]
+            seq = torch.arange(batch, device=dev).repeat_interleave(s_new)
+            index = torch.arange(s_new, device=dev).repeat(batch)
+            counts = torch.full((batch,), s_new, dtype=torch.long, device=dev)
+            first = torch.arange(batch, device=dev) * s_new
+            rows_k, v = k.reshape(batch * s_new, *k.shape[2:]), v.reshape(batch * s_new, *v.shape[2:])
         if rotary_cos is not None:
-            row = (rotary_base.long()[:, None] + steps).clamp(0, rotary_cos.shape[0] - 1)
-            k = rotary(k, rotary_cos[row], rotary_sin[row], interleaved)
-        append_rows(k_cache, page_table, pos, k)
-        append_rows(v_cache, page_table, pos, v)
-        seqused_k = base + k.shape[1]
+            row = table_rows(seq, index)
+            rows_k = rotary(rows_k, rotary_cos[row], rotary_sin[row], interleaved)
+        write_rows(k_cache, page_table, seq, index, base, counts, first, rows_k)
+        write_rows(v_cache, page_table, seq, index, base, counts, first, v)
+        seqused_k = (base.long() + counts).to(torch.int32)
     if rotary_cos is not None:
-        s_q = q.shape[1]
-        offs = torch.arange(s_q, device=dev)[None, :] if local_queries else torch.zeros(1, s_q, dtype=torch.long,
-                                                                                          device=dev)
-        row_q = (rotary_base.long()[:, None] + offs).clamp(0, rotary_cos.shape[0] - 1)
-        q = rotary(q, rotary_cos[row_q], rotary_sin[row_q], interleaved)
+        if cu_seqlens_q is not None:
+            seq, index = packed_rows(cu_seqlens_q, q.shape[0])
+            row = table_rows(seq, index if local_queries else torch.zeros_like(index))
+            q = rotary(q, rotary_cos[row], rotary_sin[row], interleaved)
+        else:
+            s_q = q.shape[1]
+            offs = torch.arange(s_q, device=dev)[None, :] if local_queries else torch.zeros(1, s_q, dtype=torch.long,
+                                                                                              device=dev)
+            row_q = (rotary_base[:, None] + offs).clamp(0, rotary_cos.shape[0] - 1)
+            q = rotary(q, rotary_cos[row_q], rotary_sin[row_q], interleaved)
     return q, seqused_k
 
 

@@ -283,8 +283,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     The append (k, v written into the cache at cache_seqlens, in place) and the rotary embedding of
     q and k run in fa3's call, one kernel before the attention (fa3::fwd_kvcache), for fp16/bf16,
     also with packed queries (cu_seqlens_q) and packed new keys (cu_seqlens_k_new: k, v
-    [total_new, heads_kv, d]); with e4m3 they are PyTorch operations before it (dense queries and
-    new keys only; no device sync either way). cache_batch_idx maps each batch entry to a cache row.
+    [total_new, heads_kv, d]); with e4m3 they are PyTorch operations before it (dense or packed
+    alike; no device sync either way). cache_batch_idx maps each batch entry to a cache row.
     cache_leftpad (int32 [batch], a contiguous cache): sequence b's keys are cache rows
     cache_leftpad[b] .. cache_seqlens[b] + new keys - 1 (FlashAttention-3's; the new keys and their
     rotary positions still count from row 0). rotary_seqlens (int32 [batch]): the rotary position of
@@ -292,7 +292,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     learnable_sink: [heads_q] attention-sink logits (split decodes add them once, in the combine).
     attention_chunk > 0 (FlashAttention-3's semantics, as flash_attn_func's): one grouped call over
     the cache in place (contiguous caches as packed rows, paged ones where a chunk is whole pages),
-    the append and rotary then by PyTorch operations (dense queries and new keys).
+    the append and rotary then by PyTorch operations.
     Not differentiable (as FlashAttention-3's).
     """
     _check_common(qv)
@@ -353,21 +353,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                 wl, wr, float(softcap), int(num_splits), _sinks(learnable_sink), cu_seqlens_q,
                 int(max_seqlen_q or 0), cu_seqlens_k_new, cache_leftpad, rotary_seqlens, int(sm_margin))
         return (out, lse) if return_softmax_lse else out
-    if cu_seqlens_k_new is not None:
-        raise _not_supported("cu_seqlens_k_new", "packed new keys with e4m3, attention_chunk or off the GPU")
-    if varlen_q and k is not None:
-        raise _not_supported("k, v", "appending keys with packed queries (cu_seqlens_q) in e4m3 or with "
-                                     "attention_chunk")
-    if varlen_q and rotary_cos is not None:
-        raise _not_supported("rotary_cos", "rotary embedding with packed queries (cu_seqlens_q) in e4m3 or "
-                                           "with attention_chunk")
     if k is not None or rotary_cos is not None:  # (a plain decode call allocates nothing here)
         # As FlashAttention-3: causal / local queries sit at cache_seqlens + i, the others all at
         # cache_seqlens; a window that reaches every key is none (the kernels' rule too); chunked
-        # attention is local.
-        local = causal or chunk > 0 or 0 <= wl < seqlen_k - 1 or 0 <= wr < q.shape[1] - 1
+        # attention is local. Packed queries and new keys as in fa3's call (cu_seqlens_q,
+        # cu_seqlens_k_new).
+        s_q = int(max_seqlen_q or 0) if varlen_q else q.shape[1]
+        local = causal or chunk > 0 or 0 <= wl < seqlen_k - 1 or 0 <= wr < s_q - 1
         q, seqused_k = _kvcache.append_and_rotate(q, k_cache, v_cache, k, v, page_table, seqused_k, rotary_cos,
-                                                  rotary_sin, rotary_seqlens, bool(rotary_interleaved), local)
+                                                  rotary_sin, rotary_seqlens, bool(rotary_interleaved), local,
+                                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new)
 
     kwargs = dict(softmax_scale=_scale(softmax_scale), causal=bool(causal), window_left=wl, window_right=wr,
                   softcap=float(softcap), num_splits=int(num_splits), sinks=_sinks(learnable_sink),

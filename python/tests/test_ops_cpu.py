@@ -351,6 +351,14 @@ def test_kvcache_append_writes_the_cache_and_attends_to_it(monkeypatch, paged):
     assert torch.allclose(out.double(), ref, atol=1e-5)
 
 
+def _random_cache(paged, b, cache_len, page, h, d):
+    """(page table or None, cache): b sequences of cache_len rows, in shuffled pages of `page` rows."""
+    if paged:
+        table = torch.randperm(b * cache_len // page).reshape(b, -1).to(torch.int32)
+        return table, torch.randn(b * cache_len // page, page, h, d)
+    return None, torch.randn(b, cache_len, h, d)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_kvcache_append_outside_the_cache_writes_nothing(paged):
     """The PyTorch-operations append (e4m3 caches, CPU tensors): positions past the cache or
@@ -361,11 +369,7 @@ def test_kvcache_append_outside_the_cache_writes_nothing(paged):
     base = torch.tensor([10, -2, 3, 11])  # rows 10, 11 | 12 (past); -2, -1 (before) | 0; 3, 4, 5; 11 | 12, 13
     pos = base[:, None] + torch.arange(s_new)[None, :]
     new = torch.randn(b, s_new, h, d)
-    if paged:
-        table = torch.randperm(b * cache_len // page).reshape(b, -1).to(torch.int32)
-        cache = torch.randn(b * cache_len // page, page, h, d)
-    else:
-        table, cache = None, torch.randn(b, cache_len, h, d)
+    table, cache = _random_cache(paged, b, cache_len, page, h, d)
     expect = cache.clone()
     for i in range(b):
         for j in range(s_new):
@@ -382,6 +386,81 @@ def test_kvcache_append_outside_the_cache_writes_nothing(paged):
     cache8 = e4m3.clone()
     _kvcache.append_rows(cache8, table, pos, new)
     assert torch.equal(cache8.view(torch.uint8), e4m3.view(torch.uint8))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_packed_rows_land_where_each_sequence_puts_them(paged):
+    """write_rows (the PyTorch-operations append, packed or dense rows) against a row-by-row loop:
+    sequence s's rows go to base[s] + i, positions outside the cache (negative, past its end) and
+    rows past a sequence's count write nothing, and the clamped rows that meet a valid one at the
+    cache's first or last row do not undo it; one-byte caches alike."""
+    torch.manual_seed(4)
+    h, d, cache_len, page = 2, 8, 12, 4
+    base = torch.tensor([10, -2, 3, 11, 0], dtype=torch.int32)  # past the end, before the start, inside, both
+    counts = torch.tensor([3, 3, 2, 0, 12], dtype=torch.int32)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0).to(torch.int32)])
+    total = int(cu[-1]) + 2  # two rows past the last sequence's count
+    b = base.shape[0]
+    new = torch.randn(total, h, d)
+    table, cache = _random_cache(paged, b, cache_len, page, h, d)
+    expect = cache.clone()
+    for s in range(b):
+        for i in range(int(counts[s])):
+            p = int(base[s]) + i
+            if 0 <= p < cache_len:
+                at = (int(table[s, p // page]), p % page) if paged else (s, p)
+                expect[at] = new[int(cu[s]) + i]
+    seq, index = _kvcache.packed_rows(cu, total)
+    assert seq.tolist()[-3:] == [b - 1] * 3 and index.tolist()[-2:] == [12, 13]
+    for dtype in (torch.float32, torch.float8_e4m3fn):  # (one-byte caches are written as bytes)
+        got = cache.to(dtype)
+        _kvcache.write_rows(got, table, seq, index, base, counts, cu[:-1], new)
+        assert torch.equal(got.view(torch.uint8), expect.to(dtype).view(torch.uint8))
+
+
+def _kvcache_stand_in(q, k, v, cu_seqlens_q=None, **kw):
+    # Packed queries: the varlen stand-in (a paged cache); dense ones: the paged one.
+    if cu_seqlens_q is not None:
+        return _varlen_stand_in(q, k, v, cu_seqlens_q=cu_seqlens_q, **kw)
+    return _paged_stand_in(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_kvcache_packed_append_matches_each_sequence_alone(monkeypatch, rotary):
+    """Packed queries and packed new keys (cu_seqlens_q, cu_seqlens_k_new) through the
+    PyTorch-operations append (e4m3 caches and CPU tensors take it): the caches and the outputs are
+    those of each sequence's own dense call, rotary positions included (causal: query i at
+    cache_seqlens + i)."""
+    monkeypatch.setattr(_ops, "fwd", _kvcache_stand_in)
+    torch.manual_seed(5)
+    h, hkv, d, page, width = 4, 2, 16, 4, 5
+    lens_q, lens_new, cached = [2, 1, 2], [3, 0, 2], [4, 7, 0]  # (every query sees a key)
+    b = len(lens_q)
+    table = torch.randperm(b * width).reshape(b, width).to(torch.int32)
+    k_cache = torch.randn(b * width, page, hkv, d)
+    v_cache = torch.randn(b * width, page, hkv, d)
+    q = torch.randn(sum(lens_q), h, d)
+    k_new, v_new = torch.randn(sum(lens_new), hkv, d), torch.randn(sum(lens_new), hkv, d)
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_new = torch.tensor([0] + list(torch.tensor(lens_new).cumsum(0)), dtype=torch.int32)
+    angle = torch.rand(page * width, d // 2)
+    cos, sin = (angle.cos(), angle.sin()) if rotary else (None, None)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = fa3.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=torch.tensor(cached, dtype=torch.int32), page_table=table,
+                                      cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_new, max_seqlen_q=max(lens_q),
+                                      causal=True)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    for s in range(b):
+        qs = q[int(cu_q[s]):int(cu_q[s + 1])][None]
+        ks = k_new[int(cu_new[s]):int(cu_new[s + 1])][None]
+        vs = v_new[int(cu_new[s]):int(cu_new[s + 1])][None]
+        o = fa3.flash_attn_with_kvcache(qs, ref_k, ref_v, ks if lens_new[s] else None, vs if lens_new[s] else None,
+                                        rotary_cos=cos, rotary_sin=sin,
+                                        cache_seqlens=torch.tensor([cached[s]], dtype=torch.int32),
+                                        page_table=table[s:s + 1], causal=True)
+        assert torch.allclose(out[int(cu_q[s]):int(cu_q[s + 1])].double(), o[0].double(), atol=1e-6), s
+    assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
 
 
 def test_kvcache_batch_index_becomes_a_page_table(monkeypatch):
