@@ -19,6 +19,15 @@ def packed_rows(cu_seqlens: torch.Tensor, total: int):
     return seq, rows - cu[seq]
 
 
+def dense_rows(batch: int, n: int, device):
+    """packed_rows' answer for [batch, n] rows read as batch * n rows, with each sequence's count and
+    first row: (sequence, index, counts, first), int64."""
+    seq = torch.arange(batch, device=device).repeat_interleave(n)
+    index = torch.arange(n, device=device).repeat(batch)
+    counts = torch.full((batch,), n, dtype=torch.long, device=device)
+    return seq, index, counts, torch.arange(batch, device=device) * n
+
+
 def write_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], seq: torch.Tensor, index: torch.Tensor,
                base: torch.Tensor, counts: torch.Tensor, first: torch.Tensor, new: torch.Tensor) -> None:
     """Rows new [n, h, d] into cache (contiguous [b, len, h, d] or paged [pages, page_size, h, d]
@@ -55,12 +64,8 @@ def append_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], pos: to
     """Dense new rows [b, s_new, h, d] into cache at positions pos [b, s_new], consecutive in each
     sequence (pos[:, 0] + i): write_rows on them."""
     b, s_new = pos.shape
-    dev = pos.device
-    seq = torch.arange(b, device=dev).repeat_interleave(s_new)
-    index = torch.arange(s_new, device=dev).repeat(b)
-    counts = torch.full((b,), s_new, dtype=torch.long, device=dev)
-    write_rows(cache, page_table, seq, index, pos[:, 0], counts, torch.arange(b, device=dev) * s_new,
-               new.reshape(b * s_new, *new.shape[2:]))
+    seq, index, counts, first = dense_rows(b, s_new, pos.device)
+    write_rows(cache, page_table, seq, index, pos[:, 0], counts, first, new.reshape(b * s_new, *new.shape[2:]))
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -104,12 +109,8 @@ def append_and_rotate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             first = cu_seqlens_k_new[:-1].long()
             rows_k = k
         else:
-            s_new = k.shape[1]
-            seq = torch.arange(batch, device=dev).repeat_interleave(s_new)
-            index = torch.arange(s_new, device=dev).repeat(batch)
-            counts = torch.full((batch,), s_new, dtype=torch.long, device=dev)
-            first = torch.arange(batch, device=dev) * s_new
-            rows_k, v = k.reshape(batch * s_new, *k.shape[2:]), v.reshape(batch * s_new, *v.shape[2:])
+            seq, index, counts, first = dense_rows(batch, k.shape[1], dev)
+            rows_k, v = k.flatten(0, 1), v.flatten(0, 1)
         if rotary_cos is not None:
             row = table_rows(seq, index)
             rows_k = rotary(rows_k, rotary_cos[row], rotary_sin[row], interleaved)
@@ -117,16 +118,11 @@ def append_and_rotate(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         write_rows(v_cache, page_table, seq, index, base, counts, first, v)
         seqused_k = (base.long() + counts).to(torch.int32)
     if rotary_cos is not None:
-        if cu_seqlens_q is not None:
-            seq, index = packed_rows(cu_seqlens_q, q.shape[0])
-            row = table_rows(seq, index if local_queries else torch.zeros_like(index))
-            q = rotary(q, rotary_cos[row], rotary_sin[row], interleaved)
-        else:
-            s_q = q.shape[1]
-            offs = torch.arange(s_q, device=dev)[None, :] if local_queries else torch.zeros(1, s_q, dtype=torch.long,
-                                                                                              device=dev)
-            row_q = (rotary_base[:, None] + offs).clamp(0, rotary_cos.shape[0] - 1)
-            q = rotary(q, rotary_cos[row_q], rotary_sin[row_q], interleaved)
+        # Dense queries as batch * s_q rows, rotated as packed ones.
+        seq, index = packed_rows(cu_seqlens_q, q.shape[0]) if cu_seqlens_q is not None else \
+            dense_rows(batch, q.shape[1], dev)[:2]
+        row = table_rows(seq, index if local_queries else torch.zeros_like(index))
+        q = rotary(q.flatten(0, -3), rotary_cos[row], rotary_sin[row], interleaved).reshape(q.shape)
     return q, seqused_k
 
 
