@@ -83,6 +83,20 @@ void rotate(std::vector<float>& row, const AppendCase& c, const Values& cos, con
   row = out;
 }
 
+// The call's workspace (fa3::workspace_size's bytes, poisoned) attached to a; the kernel the call
+// takes must be the Hopper one.
+DeviceBuffer attach_workspace(FwdArgs& a, size_t* bytes) {
+  EXPECT_TRUE(fa3::workspace_size(a, bytes).ok());
+  DeviceBuffer ws(std::max<size_t>(*bytes, 16));
+  ws.fill_bytes(0xFF);
+  a.workspace = ws.get();
+  a.workspace_bytes = *bytes;
+  const char* kernel = nullptr;
+  EXPECT_TRUE(fa3::kernel_name(a, &kernel).ok());
+  EXPECT_STREQ(kernel, "hopper");
+  return ws;
+}
+
 void run_append_case(const AppendCase& c) {
   SCOPED_TRACE(c.name());
   std::mt19937 g(rng()());
@@ -228,15 +242,8 @@ void run_append_case(const AppendCase& c) {
   if (c.sinks) a.sinks = static_cast<const float*>(dsinks.get());
   a.num_splits = c.num_splits;
   size_t bytes = 0;
-  ASSERT_TRUE(fa3::workspace_size(a, &bytes).ok());
+  DeviceBuffer ws = attach_workspace(a, &bytes);
   if (c.append) EXPECT_GE(bytes, size_t(B) * 4) << "the key counts live in the workspace";
-  DeviceBuffer ws(std::max<size_t>(bytes, 16));
-  ws.fill_bytes(0xFF);
-  a.workspace = ws.get();
-  a.workspace_bytes = bytes;
-  const char* kernel = nullptr;
-  ASSERT_TRUE(fa3::kernel_name(a, &kernel).ok());
-  EXPECT_STREQ(kernel, "hopper");
   if (c.append || c.rotary_dim || !c.leftpad.empty()) {  // no workspace for its share: refused by name, nothing launched
     FwdArgs small = a;
     small.workspace_bytes = 0;
@@ -432,6 +439,157 @@ TEST(AppendGpu, LeftPaddedCachesAndRotaryPositions) {
   r.rotary_starts = {7, 0, 280};
   cases.push_back(r);
   for (const AppendCase& x : cases) run_append_case(x);
+}
+
+// e4m3 caches (fa3_c.h: new keys and values are e4m3 bytes under the cache's descales, copied as
+// given; rotary is refused with e4m3): the cache afterwards byte for byte, and the attention against
+// the double reference of the e4m3 values (the FP8 kernels' bound: P is rounded to e4m3). Contiguous
+// and paged caches (pages of 16 rows, and of one row: gathered), dense and packed new keys, a decode
+// step and a speculative one (4 causal queries), an empty cache.
+void run_e4m3_append_case(int page_size, bool packed_new, int seqlen_q, bool causal) {
+  SCOPED_TRACE("e4m3 pages " + std::to_string(page_size) + (packed_new ? " packed-new" : "") + " sq" +
+               std::to_string(seqlen_q) + (causal ? " causal" : ""));
+  std::mt19937 g(rng()());
+  const std::vector<int> cache_seqlens = {0, 17, 250};
+  const int B = 3, hq = 8, hkv = 2, d = 128;
+  const bool paged = page_size > 0;
+  const int capacity = page_size == 16 ? 320 : 300;
+  const int pages_per_seq = paged ? capacity / page_size : 0, num_pages = B * pages_per_seq;
+  std::vector<int> nn(B, 2), new_row0(B + 1, 0);
+  if (packed_new) nn = {3, 1, 4};
+  for (int b = 0; b < B; ++b) new_row0[b + 1] = new_row0[b] + nn[b];
+  const int total_new = new_row0[B];
+  const size_t row = size_t(hkv) * d, cache_elems = size_t(B) * capacity * row;
+  std::normal_distribution<float> nd;
+  auto bytes = [&](size_t n) {
+    std::vector<uint8_t> v(n);
+    for (auto& x : v) x = ref::to_e4m3_bits(nd(g));
+    return v;
+  };
+  const std::vector<uint8_t> k = bytes(cache_elems), v = bytes(cache_elems), k_new = bytes(size_t(total_new) * row),
+                             v_new = bytes(size_t(total_new) * row), q = bytes(size_t(B) * seqlen_q * hq * d);
+  std::vector<int> table(num_pages);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), g);
+  auto at = [&](int b, int pos, int h) -> size_t {
+    if (!paged) return (size_t(b) * capacity + pos) * row + size_t(h) * d;
+    const int page = table[size_t(b) * pages_per_seq + pos / page_size];
+    return (size_t(page) * page_size + pos % page_size) * row + size_t(h) * d;
+  };
+  std::vector<uint8_t> want_k = k, want_v = v;
+  ref::Problem p;
+  p.batch = B;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim_qk = p.head_dim_v = d;
+  p.causal = causal;
+  ref::Inputs in;
+  in.q.resize(B);
+  in.k.resize(B);
+  in.v.resize(B);
+  for (int b = 0; b < B; ++b) {
+    const int n = cache_seqlens[b];
+    for (int i = 0; i < nn[b]; ++i)
+      for (size_t x = 0; x < row; ++x) {
+        want_k[at(b, n + i, 0) + x] = k_new[(size_t(new_row0[b]) + i) * row + x];
+        want_v[at(b, n + i, 0) + x] = v_new[(size_t(new_row0[b]) + i) * row + x];
+      }
+    for (int j = 0; j < n + nn[b]; ++j)
+      for (int h = 0; h < hkv; ++h)
+        for (int x = 0; x < d; ++x) {
+          in.k[b].push_back(ref::from_e4m3_bits(want_k[at(b, j, h) + x]));
+          in.v[b].push_back(ref::from_e4m3_bits(want_v[at(b, j, h) + x]));
+        }
+    for (size_t e = 0; e < size_t(seqlen_q) * hq * d; ++e)
+      in.q[b].push_back(ref::from_e4m3_bits(q[size_t(b) * seqlen_q * hq * d + e]));
+    p.seqlen_q.push_back(seqlen_q);
+    p.seqlen_k.push_back(n + nn[b]);
+  }
+
+  DeviceBuffer dk(cache_elems), dv(cache_elems), dkn(k_new.size()), dvn(v_new.size()), dq(q.size()),
+      dlens(B * 4), dtable(std::max(num_pages, 1) * 4), dout(q.size() * 2), dlse(size_t(B) * seqlen_q * hq * 4),
+      dcu_new((B + 1) * 4);
+  dk.upload(k.data(), k.size());
+  dv.upload(v.data(), v.size());
+  dkn.upload(k_new.data(), k_new.size());
+  dvn.upload(v_new.data(), v_new.size());
+  dq.upload(q.data(), q.size());
+  dlens.upload(cache_seqlens.data(), B * 4);
+  dcu_new.upload(new_row0.data(), (B + 1) * 4);
+  if (paged) dtable.upload(table.data(), num_pages * 4);
+  dout.fill_bytes(0xFF);
+  dlse.fill_bytes(0xFF);
+
+  FwdArgs a;
+  a.dtype = FA3_DTYPE_E4M3;
+  a.out_dtype = FA3_DTYPE_BF16;
+  a.batch = B;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = capacity;
+  a.heads_q = hq;
+  a.heads_kv = hkv;
+  a.head_dim_qk = a.head_dim_v = d;
+  a.causal = causal;
+  a.q = bshd(dq.get(), seqlen_q, hq, d);
+  a.out = bshd(dout.get(), seqlen_q, hq, d);
+  a.k = paged ? bshd(dk.get(), page_size, hkv, d) : bshd(dk.get(), capacity, hkv, d);
+  a.v = paged ? bshd(dv.get(), page_size, hkv, d) : bshd(dv.get(), capacity, hkv, d);
+  if (paged) {
+    a.page_table = static_cast<const int32_t*>(dtable.get());
+    a.page_table_batch_stride = pages_per_seq;
+    a.page_size = page_size;
+    a.num_pages = num_pages;
+  }
+  a.lse = static_cast<float*>(dlse.get());
+  a.cache_seqlens = static_cast<const int32_t*>(dlens.get());
+  a.k_new = bshd(dkn.get(), packed_new ? total_new : 2, hkv, d);
+  a.v_new = bshd(dvn.get(), packed_new ? total_new : 2, hkv, d);
+  if (packed_new) {
+    a.cu_seqlens_new = static_cast<const int32_t*>(dcu_new.get());
+    a.total_new = total_new;
+  } else {
+    a.seqlen_new = 2;
+  }
+  size_t ws_bytes = 0;
+  DeviceBuffer ws = attach_workspace(a, &ws_bytes);
+  const Status st = fa3::forward(a);
+  ASSERT_TRUE(st.ok()) << st.message();
+  FA3_CUDA_CHECK(cudaDeviceSynchronize());
+
+  std::vector<uint8_t> got_k(cache_elems), got_v(cache_elems);
+  dk.download(got_k.data(), cache_elems);
+  dv.download(got_v.data(), cache_elems);
+  EXPECT_TRUE(got_k == want_k) << "K cache bytes differ from the expected append";
+  EXPECT_TRUE(got_v == want_v) << "V cache bytes differ from the expected append";
+
+  const ref::FwdResult want = ref::forward(p, in);
+  std::vector<uint16_t> got_o(q.size());
+  std::vector<float> got_lse(size_t(B) * seqlen_q * hq);
+  dout.download(got_o.data(), got_o.size() * 2);
+  dlse.download(got_lse.data(), got_lse.size() * 4);
+  double num = 0, den = 0, lse_err = 0;
+  for (int b = 0; b < B; ++b) {
+    for (size_t e = 0; e < want.o[b].size(); ++e) {
+      const double x = ref::from_bf16_bits(got_o[size_t(b) * seqlen_q * hq * d + e]) - want.o[b][e];
+      num += x * x;
+      den += want.o[b][e] * want.o[b][e];
+    }
+    for (int h = 0; h < hq; ++h)
+      for (int i = 0; i < seqlen_q; ++i) {
+        const double w = want.lse[b][size_t(h) * seqlen_q + i], gl = got_lse[(size_t(b) * hq + h) * seqlen_q + i];
+        lse_err = worse(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
+      }
+  }
+  EXPECT_LE(std::sqrt(num / den), 3e-2) << "O relative error (e4m3: P rounded to e4m3)";
+  EXPECT_LE(lse_err, 2e-2) << "LSE error";
+}
+
+TEST(AppendGpu, E4m3CachesTakeNewKeys) {
+  FA3_REQUIRE_GPU();
+  run_e4m3_append_case(0, false, 1, false);
+  run_e4m3_append_case(16, true, 1, false);
+  run_e4m3_append_case(1, false, 4, true);
+  run_e4m3_append_case(0, true, 4, true);
 }
 
 }  // namespace

@@ -174,6 +174,21 @@ struct Visibility {
     const int off = sk - sq;
     return j >= 0 && j < sk && i >= 0 && i < sq && (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right);
   }
+  // Random lengths in [min_len, min_len + len_range) and windows: unbounded, 0 (right: causal) or
+  // below max_window.
+  static Visibility random(std::mt19937& gen, int min_len, int len_range, int max_window) {
+    return Visibility{min_len + int(gen() % len_range), min_len + int(gen() % len_range),
+                      int(gen() % 4) == 0 ? -1 : int(gen() % max_window),
+                      int(gen() % 3) == 0 ? -1 : int(gen() % 3) == 1 ? 0 : int(gen() % max_window)};
+  }
+  FwdKernelParams params() const {
+    FwdKernelParams p{};
+    p.seqlen_q = sq;
+    p.seqlen_k = sk;
+    p.window_left = left;
+    p.window_right = right;
+    return p;
+  }
   bool blocks_see(int m, int n, int bm, int bn) const {
     for (int i = m * bm; i < (m + 1) * bm && i < sq; ++i)
       for (int j = n * bn; j < (n + 1) * bn && j < sk; ++j)
@@ -186,13 +201,8 @@ TEST(BlockRange, ForwardAndBackwardRangesAreTight) {
   constexpr int kM = 64, kN = 64;  // small blocks: many partial ones
   std::mt19937 gen(99);
   for (int trial = 0; trial < 300; ++trial) {
-    Visibility v{1 + int(gen() % 400), 1 + int(gen() % 400), int(gen() % 4) == 0 ? -1 : int(gen() % 150),
-                 int(gen() % 3) == 0 ? -1 : int(gen() % 3) == 1 ? 0 : int(gen() % 150)};
-    FwdKernelParams p{};
-    p.seqlen_q = v.sq;
-    p.seqlen_k = v.sk;
-    p.window_left = v.left;
-    p.window_right = v.right;
+    const Visibility v = Visibility::random(gen, 1, 400, 150);
+    const FwdKernelParams p = v.params();
     const SeqlenInfo<false> seq(p, 0);
     const int mb = (v.sq + kM - 1) / kM, nb = (v.sk + kN - 1) / kN;
     for (int m = 0; m < mb; ++m) {
@@ -215,6 +225,37 @@ TEST(BlockRange, ForwardAndBackwardRangesAreTight) {
       }
     }
   }
+}
+
+// Deterministic mode orders a query block's dQ adds by counting them on its semaphore
+// (bwd_dq_adds_before): the count it waits for comes from block_range (the forward's view), the
+// adds from the key blocks whose walks visit the block (query_block_range). Both must name the same
+// number of key blocks for every query block, or a writer waits forever (too many) or adds out of
+// order (too few). Blocks of d128's tile (64 queries, 128 keys) and d64's (128 x 128).
+template <int kM, int kN>
+void check_adds_per_query_block(std::mt19937& gen) {
+  for (int trial = 0; trial < 300; ++trial) {
+    const Visibility v = Visibility::random(gen, 0, 600, 200);
+    const FwdKernelParams p = v.params();
+    const SeqlenInfo<false> seq(p, 0);
+    const int mb = (v.sq + kM - 1) / kM, nb = (v.sk + kN - 1) / kN;
+    for (int m = 0; m < mb; ++m) {
+      int visits = 0;
+      for (int n = 0; n < nb; ++n) {
+        const BlockRange q = query_block_range<kM, kN>(n, seq, p);
+        visits += m >= q.n_min && m < q.n_max;
+      }
+      const BlockRange r = block_range<kM, kN>(m, seq, p);
+      EXPECT_EQ(visits, r.empty() ? 0 : r.n_max - r.n_min)
+          << "m-block " << m << " sq " << v.sq << " sk " << v.sk << " window " << v.left << "," << v.right;
+    }
+  }
+}
+
+TEST(BlockRange, AddsPerQueryBlockMatchTheWalks) {
+  std::mt19937 gen(7);
+  check_adds_per_query_block<64, 128>(gen);
+  check_adds_per_query_block<128, 128>(gen);
 }
 
 TEST(BlockRange, SplitsPartitionTheRange) {

@@ -676,6 +676,18 @@ TEST_F(AppendValidation, ValidArgsPass) {
   EXPECT_TRUE(Passes(fa3::validate(a)));
 }
 
+// e4m3 caches take cache_seqlens and new keys and values (e4m3 bytes under the cache's descales,
+// copied as given); a rotation would round them a second time: refused by name.
+TEST_F(AppendValidation, E4m3CachesTakeNewKeysNotRotary) {
+  a.dtype = FA3_DTYPE_E4M3;
+  a.out_dtype = FA3_DTYPE_BF16;
+  EXPECT_TRUE(Fails(fa3::validate(a), FA3_ERROR_NOT_SUPPORTED, "rotary_cos / rotary_sin with dtype e4m3"));
+  a.rotary_cos = a.rotary_sin = nullptr;
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+  a.k_new = a.v_new = fa3_tensor{};
+  EXPECT_TRUE(Passes(fa3::validate(a)));
+}
+
 // What the attention reads after the append (attention_params): the keys per sequence are the
 // append's counts with new keys, cache_seqlens without them, and the caller's seqused_k with a
 // rotation alone (no cache_seqlens).

@@ -190,7 +190,9 @@ typedef struct fa3_fwd_params {
    *   (FlashAttention-3's rule; 0 without cache_seqlens). rotary_rows >= seqlen_k. The rotated Q is
    *   written to the workspace (fa3_fwd_workspace_size counts it); q itself is not changed.
    *   Packed queries (cu_seqlens_q): row i of sequence b is its i-th query.
-   * fp16 / bf16 only, not with cu_seqlens_k (the cache is indexed by batch entry or page table). */
+   * Not with cu_seqlens_k (the cache is indexed by batch entry or page table). e4m3 caches take
+   * cache_seqlens and k_new / v_new (e4m3 bytes under the cache's k_descale / v_descale and block
+   * descales: copied as given), not rotary (NOT_SUPPORTED: rotate before quantizing). */
   const int32_t* cache_seqlens;
   fa3_tensor k_new, v_new;
   int32_t seqlen_new;

@@ -352,7 +352,10 @@ Status check_append(const fa3_fwd_params& p) {
     return invalid("rotary_seqlens are the rotary embedding's positions: rotary_cos and rotary_sin must be given with it");
   if (p.cache_seqlens == nullptr && !append && !rotary) return ok();
   const char* what = append ? "k_new / v_new" : rotary ? "rotary_cos / rotary_sin" : "cache_seqlens";
-  if (p.dtype == FA3_DTYPE_E4M3) return not_supported(std::string(what) + " with dtype e4m3");
+  // e4m3 caches take new keys and values as e4m3 bytes under the cache's descales (copied as
+  // given); a rotation would round them a second time (rotate before quantizing instead).
+  if (p.dtype == FA3_DTYPE_E4M3 && rotary)
+    return not_supported("rotary_cos / rotary_sin with dtype e4m3 (rotate Q and the new keys before quantizing them)");
   if (p.cu_seqlens_k != nullptr)
     return not_supported(std::string(what) + " with cu_seqlens_k (the cache is indexed by batch entry or page table)");
   if (p.cache_seqlens != nullptr) {

@@ -26,10 +26,11 @@ constexpr int kWarps = 8;
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// x with its sign bit flipped: -x exactly (a NaN stays a NaN), in a 16-bit float.
+// x with its sign bit flipped: -x exactly (a NaN stays a NaN), in a 16-bit float or an e4m3 byte.
 template <class T>
 __device__ T negated(T x) {
-  static_assert(sizeof(T) == 2, "fp16 / bf16 elements");
+  static_assert(sizeof(T) == 2 || sizeof(T) == 1, "fp16 / bf16 elements or e4m3 bytes");
+  if constexpr (sizeof(T) == 1) return T(x ^ 0x80u);
   uint16_t b;
   memcpy(&b, &x, sizeof b);
   b ^= 0x8000u;
@@ -40,15 +41,17 @@ __device__ T negated(T x) {
 // One row's rotary embedding: its first rotary_dim columns as pairs (x1, x2) -> (x1 cos - x2 sin,
 // x1 sin + x2 cos), pair i being columns (2i, 2i + 1) interleaved or (i, i + rotary_dim / 2) not, at
 // table row `pos`; the other columns copied; every element negated with `negate`. rotary_dim 0: a
-// copy. 16-bit elements (the append's dtypes).
+// copy. 16-bit elements, or e4m3 bytes (uint8_t), which are only copied: validation refuses rotary
+// with e4m3 (a rotated e4m3 value would need a second rounding and its own descale).
 template <class T>
 __device__ void rotate_row(const fa3_fwd_params& a, const T* src, T* dst, int dim, int pos, int lane,
                            bool negate = false) {
   auto out = [&](T x) { return negate ? negated(x) : x; };
-  const int half = a.rotary_cos != nullptr ? a.rotary_dim / 2 : 0;
-  if (half > 0) {
-    const T* cos = static_cast<const T*>(a.rotary_cos) + int64_t(pos) * a.rotary_row_stride;
-    const T* sin = static_cast<const T*>(a.rotary_sin) + int64_t(pos) * a.rotary_row_stride;
+  int half = 0;
+  if constexpr (sizeof(T) == 2) {
+    half = a.rotary_cos != nullptr ? a.rotary_dim / 2 : 0;
+    const T* cos = half > 0 ? static_cast<const T*>(a.rotary_cos) + int64_t(pos) * a.rotary_row_stride : nullptr;
+    const T* sin = half > 0 ? static_cast<const T*>(a.rotary_sin) + int64_t(pos) * a.rotary_row_stride : nullptr;
     for (int i = lane; i < half; i += 32) {
       const int c1 = a.rotary_interleaved ? 2 * i : i, c2 = a.rotary_interleaved ? 2 * i + 1 : i + half;
       const float x1 = hopper::to_f32(src[c1]), x2 = hopper::to_f32(src[c2]);
@@ -274,7 +277,10 @@ Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStre
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
   // Q's rotary positions follow the mask the attention runs (a window reaching every key is none).
   const bool windowed = detail::make_problem(a).has_mask();
-  // (e4m3 comes here with left padding alone, which reads and writes no element: either type serves)
+  if (a.dtype == FA3_DTYPE_E4M3)  // bytes: new keys and values copied as given (no rotary: validated)
+    return hopper::launch<append_kernel<uint8_t>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
+                                                  rows_per_batch, total_rows,
+                                                  w.rotate_q ? base + w.q : nullptr, windowed, w.negate_q);
   if (a.dtype == FA3_DTYPE_BF16)
     return hopper::launch<append_kernel<__nv_bfloat16>>(
         unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k, rows_per_batch, total_rows,
