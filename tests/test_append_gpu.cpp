@@ -97,6 +97,30 @@ DeviceBuffer attach_workspace(FwdArgs& a, size_t* bytes) {
   return ws;
 }
 
+// A call's O (relative Frobenius error) and LSE (largest error; -inf rows must match) against the
+// reference: got_o(b, e) is element e of sequence b's output rows in the reference's order,
+// got_lse(b, h, i) the LSE of its query i at head h; qn: each sequence's queries.
+struct OutputErrors {
+  double o_rel, lse;
+};
+template <class GotO, class GotLse>
+OutputErrors output_errors(const ref::FwdResult& want, const std::vector<int>& qn, int hq, GotO got_o, GotLse got_lse) {
+  double num = 0, den = 0, lse_err = 0;
+  for (size_t b = 0; b < want.o.size(); ++b) {
+    for (size_t e = 0; e < want.o[b].size(); ++e) {
+      const double x = got_o(int(b), e) - want.o[b][e];
+      num += x * x;
+      den += want.o[b][e] * want.o[b][e];
+    }
+    for (int h = 0; h < hq; ++h)
+      for (int i = 0; i < qn[b]; ++i) {
+        const double w = want.lse[b][size_t(h) * qn[b] + i], gl = got_lse(int(b), h, i);
+        lse_err = worse(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
+      }
+  }
+  return {std::sqrt(num / den), lse_err};
+}
+
 void run_append_case(const AppendCase& c) {
   SCOPED_TRACE(c.name());
   std::mt19937 g(rng()());
@@ -285,23 +309,14 @@ void run_append_case(const AppendCase& c) {
   std::vector<float> got_lse(size_t(total_q) * hq);
   dout.download(got_o.data(), got_o.size() * 2);
   dlse.download(got_lse.data(), got_lse.size() * 4);
-  double num = 0, den = 0, lse_err = 0;
-  for (int b = 0; b < B; ++b) {
-    for (size_t e = 0; e < want.o[b].size(); ++e) {
-      const double x = from_bits(got_o[size_t(q_row0[b]) * hq * d + e], c.dtype) - want.o[b][e];
-      num += x * x;
-      den += want.o[b][e] * want.o[b][e];
-    }
-    for (int h = 0; h < hq; ++h)
-      for (int i = 0; i < qn[b]; ++i) {
-        // LSE: dense [batch, heads_q, seqlen_q], packed [heads_q, total_q]
-        const size_t at_lse = packed_q ? size_t(h) * total_q + q_row0[b] + i : (size_t(b) * hq + h) * c.seqlen_q + i;
-        const double w = want.lse[b][size_t(h) * qn[b] + i], gl = got_lse[at_lse];
-        lse_err = worse(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
-      }
-  }
-  EXPECT_LE(std::sqrt(num / den), 1e-2) << "O relative error";
-  EXPECT_LE(lse_err, 1e-3) << "LSE error";
+  // LSE: dense [batch, heads_q, seqlen_q], packed [heads_q, total_q]
+  const OutputErrors err = output_errors(
+      want, qn, hq, [&](int b, size_t e) { return from_bits(got_o[size_t(q_row0[b]) * hq * d + e], c.dtype); },
+      [&](int b, int h, int i) {
+        return got_lse[packed_q ? size_t(h) * total_q + q_row0[b] + i : (size_t(b) * hq + h) * c.seqlen_q + i];
+      });
+  EXPECT_LE(err.o_rel, 1e-2) << "O relative error";
+  EXPECT_LE(err.lse, 1e-3) << "LSE error";
 }
 
 TEST(AppendGpu, AppendAndRotaryAgainstCpu) {
@@ -567,21 +582,12 @@ void run_e4m3_append_case(int page_size, bool packed_new, int seqlen_q, bool cau
   std::vector<float> got_lse(size_t(B) * seqlen_q * hq);
   dout.download(got_o.data(), got_o.size() * 2);
   dlse.download(got_lse.data(), got_lse.size() * 4);
-  double num = 0, den = 0, lse_err = 0;
-  for (int b = 0; b < B; ++b) {
-    for (size_t e = 0; e < want.o[b].size(); ++e) {
-      const double x = ref::from_bf16_bits(got_o[size_t(b) * seqlen_q * hq * d + e]) - want.o[b][e];
-      num += x * x;
-      den += want.o[b][e] * want.o[b][e];
-    }
-    for (int h = 0; h < hq; ++h)
-      for (int i = 0; i < seqlen_q; ++i) {
-        const double w = want.lse[b][size_t(h) * seqlen_q + i], gl = got_lse[(size_t(b) * hq + h) * seqlen_q + i];
-        lse_err = worse(lse_err, std::isinf(w) ? (gl == w ? 0.0 : INFINITY) : std::fabs(gl - w));
-      }
-  }
-  EXPECT_LE(std::sqrt(num / den), 3e-2) << "O relative error (e4m3: P rounded to e4m3)";
-  EXPECT_LE(lse_err, 2e-2) << "LSE error";
+  const OutputErrors err = output_errors(
+      want, std::vector<int>(B, seqlen_q), hq,
+      [&](int b, size_t e) { return ref::from_bf16_bits(got_o[size_t(b) * seqlen_q * hq * d + e]); },
+      [&](int b, int h, int i) { return got_lse[(size_t(b) * hq + h) * seqlen_q + i]; });
+  EXPECT_LE(err.o_rel, 3e-2) << "O relative error (e4m3: P rounded to e4m3)";
+  EXPECT_LE(err.lse, 2e-2) << "LSE error";
 }
 
 TEST(AppendGpu, E4m3CachesTakeNewKeys) {

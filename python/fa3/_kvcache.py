@@ -59,15 +59,6 @@ def write_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], seq: tor
     raw[where] = torch.where(has_row[:, None, None], new[source], raw[where])
 
 
-def append_rows(cache: torch.Tensor, page_table: Optional[torch.Tensor], pos: torch.Tensor,
-                new: torch.Tensor) -> None:
-    """Dense new rows [b, s_new, h, d] into cache at positions pos [b, s_new], consecutive in each
-    sequence (pos[:, 0] + i): write_rows on them."""
-    b, s_new = pos.shape
-    seq, index, counts, first = dense_rows(b, s_new, pos.device)
-    write_rows(cache, page_table, seq, index, pos[:, 0], counts, first, new.reshape(b * s_new, *new.shape[2:]))
-
-
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotary embedding of the first 2 * cos.shape[-1] dims of x [..., s, h, d]; cos/sin [..., s, r/2]."""
     rot = 2 * cos.shape[-1]

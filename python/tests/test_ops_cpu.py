@@ -359,6 +359,13 @@ def _random_cache(paged, b, cache_len, page, h, d):
     return None, torch.randn(b, cache_len, h, d)
 
 
+def _append_dense(cache, table, base, new):
+    """Dense rows new [b, s_new, h, d] at positions base[s] + i, as the dense append writes them."""
+    b, s_new = new.shape[:2]
+    seq, index, counts, first = _kvcache.dense_rows(b, s_new, new.device)
+    _kvcache.write_rows(cache, table, seq, index, base, counts, first, new.flatten(0, 1))
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_kvcache_append_outside_the_cache_writes_nothing(paged):
     """The PyTorch-operations append (e4m3 caches, CPU tensors): positions past the cache or
@@ -380,11 +387,11 @@ def test_kvcache_append_outside_the_cache_writes_nothing(paged):
                 expect[int(table[i, p // page]), p % page] = new[i, j]
             else:
                 expect[i, p] = new[i, j]
-    _kvcache.append_rows(cache, table, pos, new)
+    _append_dense(cache, table, base, new)
     assert torch.equal(cache, expect)
     e4m3 = expect.to(torch.float8_e4m3fn)  # a one-byte cache (written as bytes)
     cache8 = e4m3.clone()
-    _kvcache.append_rows(cache8, table, pos, new)
+    _append_dense(cache8, table, base, new)
     assert torch.equal(cache8.view(torch.uint8), e4m3.view(torch.uint8))
 
 

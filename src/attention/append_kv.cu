@@ -277,18 +277,18 @@ Status launch_append(const fa3_fwd_params& a, const AppendWorkspace& w, cudaStre
   if (blocks > 0x7fffffffLL) return Status(FA3_ERROR_INVALID_ARGUMENT, "the KV-cache append: too many rows");
   // Q's rotary positions follow the mask the attention runs (a window reaching every key is none).
   const bool windowed = detail::make_problem(a).has_mask();
-  if (a.dtype == FA3_DTYPE_E4M3)  // bytes: new keys and values copied as given (no rotary: validated)
-    return hopper::launch<append_kernel<uint8_t>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
-                                                  rows_per_batch, total_rows,
-                                                  w.rotate_q ? base + w.q : nullptr, windowed, w.negate_q);
-  if (a.dtype == FA3_DTYPE_BF16)
-    return hopper::launch<append_kernel<__nv_bfloat16>>(
-        unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k, rows_per_batch, total_rows,
-        w.rotate_q ? reinterpret_cast<__nv_bfloat16*>(base + w.q) : nullptr, windowed, w.negate_q);
-  return hopper::launch<append_kernel<__half>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
-                                               rows_per_batch, total_rows,
-                                               w.rotate_q ? reinterpret_cast<__half*>(base + w.q) : nullptr,
-                                               windowed, w.negate_q);
+  // One kernel per element type: e4m3 as bytes (new keys and values copied as given; no rotary:
+  // validated).
+  auto run = [&](auto elem) {
+    using T = decltype(elem);
+    return hopper::launch<append_kernel<T>>(unsigned(blocks), kWarps * 32, 0, stream, a, seqused, cu_k,
+                                            rows_per_batch, total_rows,
+                                            w.rotate_q ? reinterpret_cast<T*>(base + w.q) : nullptr, windowed,
+                                            w.negate_q);
+  };
+  if (a.dtype == FA3_DTYPE_E4M3) return run(uint8_t{});
+  if (a.dtype == FA3_DTYPE_BF16) return run(__nv_bfloat16{});
+  return run(__half{});
 }
 
 }  // namespace fa3::attn
